@@ -1,0 +1,1 @@
+"""Raw text -> tokenized, packed MDS shards."""

@@ -1,0 +1,62 @@
+"""Tokenize documents, append EOS, pack into fixed windows, and write MDS shards with a manifest."""
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+from streaming import MDSWriter
+
+TOKENS_COLUMN = {'tokens': 'ndarray:uint32'}
+
+
+def pack(documents: Iterable[list[int]], window: int) -> Iterator[np.ndarray]:
+    """Concatenate token lists and cut them into ``window``-token arrays; the incomplete tail is dropped."""
+    buffer: list[int] = []
+    for tokens in documents:
+        buffer.extend(tokens)
+        while len(buffer) >= window:
+            yield np.asarray(buffer[:window], dtype=np.uint32)
+            del buffer[:window]
+
+
+def tokenize_documents(texts: Iterable[str], tokenizer, eos_id: int, bos_id: int | None = None,
+                       batch_size: int = 256) -> Iterator[list[int]]:
+    """Each text -> [BOS] + ids + [EOS] (a ``tokenizers.Tokenizer``, encoded in batches)."""
+    batch = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == batch_size:
+            yield from wrap(tokenizer.encode_batch(batch), eos_id, bos_id)
+            batch = []
+    if batch:
+        yield from wrap(tokenizer.encode_batch(batch), eos_id, bos_id)
+
+
+def wrap(encodings, eos_id: int, bos_id: int | None) -> Iterator[list[int]]:
+    prefix = [bos_id] if bos_id is not None else []
+    for encoding in encodings:
+        yield prefix + encoding.ids + [eos_id]
+
+
+def write_mds(out: str, windows: Iterable[np.ndarray], manifest: dict) -> dict:
+    """Write windows as MDS (zstd) into ``out``, atomically: built in ``out.partial``, then renamed."""
+    partial = out.rstrip('/') + '.partial'
+    shutil.rmtree(partial, ignore_errors=True)
+    count = 0
+    with MDSWriter(out=partial, columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb') as writer:
+        for window in windows:
+            writer.write({'tokens': window})
+            count += 1
+    manifest = {**manifest, 'windows': count, 'tokens': count * manifest['window']}
+    with open(os.path.join(partial, 'manifest.json'), 'w') as file:
+        json.dump(manifest, file, indent=2)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(partial, out)
+    return manifest
+
+
+def file_sha256(path: str) -> str:
+    with open(path, 'rb') as file:
+        return hashlib.sha256(file.read()).hexdigest()

@@ -1,0 +1,1 @@
+"""llmfoundry_ext: YAML-driven Llama pretraining on Composer and mosaicml-streaming."""

@@ -1,0 +1,78 @@
+"""TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
+import dataclasses
+
+import torch
+from composer import Trainer
+from composer.utils import FSDP2Config
+
+from llmfoundry_ext import registry
+from llmfoundry_ext.config import TrainConfig
+from llmfoundry_ext.data.dataloader import build_dataloader
+from llmfoundry_ext.model.composer_model import LlamaLM
+
+
+def build_model(config: TrainConfig) -> LlamaLM:
+    """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised."""
+    init_device = resolve_init_device(config)
+    with torch.device(init_device):
+        model = LlamaLM(config.model.llama())
+    if init_device == 'meta':
+        model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
+    else:
+        model.model.init_weights()
+    return model
+
+
+def resolve_init_device(config: TrainConfig) -> str:
+    if config.model.init_device != 'auto':
+        return config.model.init_device
+    return 'meta' if torch.cuda.is_available() and config.parallelism.fsdp else 'cpu'
+
+
+def build_parallelism(config: TrainConfig):
+    fsdp = config.parallelism.fsdp
+    return {'fsdp': FSDP2Config(**dataclasses.asdict(fsdp))} if fsdp else None
+
+
+def build_named(kind: str, entries: dict) -> list:
+    return [registry.build(kind, name, kwargs or {}) for name, kwargs in entries.items()]
+
+
+def build_trainer(config: TrainConfig) -> Trainer:
+    model = build_model(config)
+    optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
+    optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
+    schedulers = []
+    if config.scheduler is not None:
+        schedulers.append(registry.build('scheduler', *registry.named_entries(config.scheduler, 'scheduler')))
+    data = config.data
+    eval_dataloader = None
+    if data.eval is not None:
+        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, config.max_seq_len)
+    checkpoint = config.checkpoint
+    return Trainer(
+        run_name=config.run_name,
+        model=model,
+        train_dataloader=build_dataloader(data.train, config.device_batch_size, config.max_seq_len),
+        eval_dataloader=eval_dataloader,
+        eval_interval=config.eval_interval if eval_dataloader else 1,
+        eval_subset_num_batches=config.eval_subset_num_batches,
+        max_duration=config.max_duration,
+        optimizers=optimizer,
+        schedulers=schedulers,
+        precision=config.precision,
+        device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
+        parallelism_config=build_parallelism(config),
+        callbacks=build_named('callbacks', config.callbacks),
+        algorithms=build_named('algorithms', config.algorithms),
+        loggers=build_named('loggers', config.loggers),
+        save_folder=checkpoint.save_folder,
+        save_interval=checkpoint.save_interval,
+        save_num_checkpoints_to_keep=checkpoint.save_num_checkpoints_to_keep,
+        autoresume=checkpoint.autoresume,
+        load_path=checkpoint.load_path,
+        progress_bar=config.progress_bar,
+        log_to_console=not config.progress_bar,
+        console_log_interval=config.log_interval,
+        seed=config.seed,
+    )

@@ -1,0 +1,314 @@
+"""Typed run configuration: YAML + ``key=value`` overrides -> a validated ``TrainConfig``.
+
+Every error a user can make in a YAML file is raised as ``ConfigError`` with one line that names the
+key (``data.train.streams.code.local``) and, for unknown keys, the nearest valid one.
+"""
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, preset_fields
+
+
+class ConfigError(ValueError):
+    """A user error in the run configuration; its message is one line naming the key and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelConfig(LlamaConfig):
+    """A preset's architecture with any field overridden, plus how to build it."""
+    preset: str = 'debug'
+    init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
+    init_from: Optional[str] = None  # a folder of weights to start from (see scripts/convert_checkpoint.py)
+
+    def llama(self) -> LlamaConfig:
+        names = [f.name for f in dataclasses.fields(LlamaConfig)]
+        return LlamaConfig(**{name: getattr(self, name) for name in names})
+
+
+@dataclass
+class StreamConfig:
+    """One MDS folder of a data mixture (streaming's ``Stream``)."""
+    local: str
+    remote: Optional[str] = None
+    proportion: Optional[float] = None
+    repeat: Optional[float] = None
+    choose: Optional[int] = None
+
+
+@dataclass
+class LoaderConfig:
+    """A StreamingDataset over streams, read by a StreamingDataLoader."""
+    streams: dict[str, StreamConfig]
+    shuffle: bool = True
+    shuffle_seed: int = 9176
+    shuffle_algo: str = 'py1e'
+    num_canonical_nodes: Optional[int] = None
+    num_workers: int = 0
+    prefetch_factor: Optional[int] = None
+    drop_last: bool = True
+
+
+@dataclass
+class DataConfig:
+    train: LoaderConfig
+    eval: Optional[LoaderConfig] = None
+    tokenizer: Optional[str] = None  # folder or HF name; its vocabulary must fit model.vocab_size
+
+
+@dataclass
+class FSDPConfig:
+    """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``."""
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
+    state_dict_type: str = 'sharded'
+    mixed_precision: str = 'DEFAULT'
+
+
+@dataclass
+class ParallelismConfig:
+    fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)  # null: plain DDP
+
+
+@dataclass
+class CheckpointConfig:
+    save_folder: Optional[str] = 'checkpoints/{run_name}'
+    save_interval: str = '500ba'
+    save_num_checkpoints_to_keep: int = -1
+    autoresume: bool = True
+    load_path: Optional[str] = None
+
+
+@dataclass
+class TrainConfig:
+    run_name: str
+    model: ModelConfig
+    data: DataConfig
+    max_seq_len: int
+    global_batch_size: int
+    max_duration: str
+    device_microbatch_size: Optional[int] = None  # None: the whole per-device batch at once
+    optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})
+    scheduler: Optional[dict[str, Any]] = field(
+        default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})
+    precision: str = 'amp_bf16'
+    seed: int = 17
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
+    loggers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    eval_interval: str = '500ba'
+    eval_subset_num_batches: int = -1
+    log_interval: str = '1ba'
+    progress_bar: bool = True
+
+    @property
+    def device_batch_size(self) -> int:
+        return self.global_batch_size // world_size()
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.max_seq_len
+
+
+PRECISIONS = ('fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8')
+
+
+def world_size() -> int:
+    """World size from the launcher's environment (composer, torchrun, srun), before any process group."""
+    return int(os.environ.get('WORLD_SIZE', '1'))
+
+
+def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
+    """YAML file + ``key=value`` overrides -> a validated TrainConfig (``variables:`` resolved, then dropped)."""
+    if not os.path.isfile(yaml_path):
+        raise ConfigError(f'{yaml_path}: no such YAML file')
+    try:
+        merged = OmegaConf.merge(OmegaConf.load(yaml_path), parse_overrides(overrides))
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f'{yaml_path}: {first_line(error)}') from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{yaml_path}: expected a mapping of keys at the top level')
+    raw.pop('variables', None)
+    apply_preset(raw)
+    config = build(TrainConfig, raw, '')
+    validate(config)
+    return config
+
+
+def parse_overrides(overrides: list[str]):
+    for item in overrides:
+        if '=' not in item:
+            raise ConfigError(f"override '{item}': expected key=value, e.g. global_batch_size=64")
+    return OmegaConf.from_dotlist(list(overrides))
+
+
+def first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0]
+
+
+def apply_preset(raw: dict) -> None:
+    """Fill ``model`` with its preset's architecture under the keys the YAML sets itself."""
+    model = raw.get('model')
+    if not isinstance(model, dict):
+        return
+    preset = model.get('preset', 'debug')
+    if preset not in PRESETS:
+        raise ConfigError(f"model.preset: unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
+    raw['model'] = {**preset_fields(preset), **model}
+
+
+def build(cls, value, path: str):
+    """Convert plain YAML data to the dataclass/typing annotation ``cls``, checking every key and type."""
+    if dataclasses.is_dataclass(cls):
+        return build_dataclass(cls, value, path)
+    origin, args = typing.get_origin(cls), typing.get_args(cls)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return build(inner, value, path)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f'{path}: expected a mapping, got {describe(value)}')
+        return {key: build(args[1], item, join(path, key)) for key, item in value.items()}
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f'{path}: expected a list, got {describe(value)}')
+        return [build(args[0], item, f'{path}[{i}]') for i, item in enumerate(value)]
+    return build_scalar(cls, value, path)
+
+
+def build_dataclass(cls, value, path: str):
+    if not isinstance(value, dict):
+        raise ConfigError(f'{path or "config"}: expected a mapping, got {describe(value)}')
+    fields_by_name = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in value:
+        if key not in fields_by_name:
+            raise ConfigError(f"{join(path, key)}: unknown key{suggest(key, fields_by_name)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, spec in fields_by_name.items():
+        if name in value:
+            kwargs[name] = build(hints[name], value[name], join(path, name))
+        elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise ConfigError(f'{join(path, name)}: missing required key')
+    return cls(**kwargs)
+
+
+def build_scalar(cls, value, path: str):
+    if cls is Any:
+        return value
+    if cls is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if cls is int and isinstance(value, bool) or not isinstance(value, cls):
+        raise ConfigError(f'{path}: expected {cls.__name__}, got {describe(value)}')
+    return value
+
+
+def describe(value) -> str:
+    return f'{type(value).__name__} {value!r}' if value is not None else 'null'
+
+
+def join(path: str, key) -> str:
+    return f'{path}.{key}' if path else str(key)
+
+
+def suggest(key: str, valid, noun: str = 'keys') -> str:
+    """'; did you mean X?' for the nearest valid name, else the list of valid ones."""
+    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.5)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid {noun}: {', '.join(valid)}"
+
+
+def validate(config: TrainConfig) -> None:
+    """Cross-field checks that must fail before any process group or GPU memory exists."""
+    from llmfoundry_ext import registry
+    from llmfoundry_ext.model.attention import BackendUnavailableError, check_backend
+
+    check_positive(config, ('global_batch_size', 'max_seq_len'))
+    check_batch_split(config)
+    check_model(config.model, config.max_seq_len)
+    try:
+        check_backend(config.model.attn_impl)
+    except BackendUnavailableError as error:
+        raise ConfigError(f'model.attn_impl: {error}') from None
+    if config.precision not in PRECISIONS:
+        raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
+    for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
+        check_duration(config, key)
+    check_loader(config.data.train, 'data.train')
+    if config.data.eval is not None:
+        check_loader(config.data.eval, 'data.eval')
+    registry.check_all(config)
+
+
+def check_positive(config, keys) -> None:
+    for key in keys:
+        if getattr(config, key) <= 0:
+            raise ConfigError(f'{key}: must be positive, got {getattr(config, key)}')
+
+
+def check_batch_split(config: TrainConfig) -> None:
+    ranks = world_size()
+    if config.global_batch_size % ranks:
+        raise ConfigError(f'global_batch_size: {config.global_batch_size} is not divisible by the world size '
+                          f'{ranks}; use a multiple of {ranks}')
+    micro = config.device_microbatch_size
+    if micro is None:
+        return
+    if micro <= 0:
+        raise ConfigError(f'device_microbatch_size: must be positive, got {micro}')
+    if config.device_batch_size % micro:
+        raise ConfigError(f'device_microbatch_size: {micro} does not divide the per-device batch '
+                          f'{config.device_batch_size} (global_batch_size {config.global_batch_size} / '
+                          f'{ranks} devices); pick a divisor of {config.device_batch_size}')
+
+
+def check_model(model: ModelConfig, max_seq_len: int) -> None:
+    for key in ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size'):
+        if getattr(model, key) <= 0:
+            raise ConfigError(f'model.{key}: must be positive, got {getattr(model, key)}')
+    if model.dim % model.n_heads:
+        raise ConfigError(f'model.dim: {model.dim} is not divisible by model.n_heads {model.n_heads}')
+    if model.n_heads % model.n_kv_heads:
+        raise ConfigError(f'model.n_kv_heads: {model.n_kv_heads} does not divide model.n_heads {model.n_heads}')
+    if max_seq_len > model.max_seq_len:
+        raise ConfigError(f'max_seq_len: {max_seq_len} exceeds model.max_seq_len {model.max_seq_len}; '
+                          f'raise model.max_seq_len or shorten max_seq_len')
+    if model.init_device not in ('auto', 'meta', 'cpu', 'cuda'):
+        raise ConfigError(f"model.init_device: '{model.init_device}' is not one of auto, meta, cpu, cuda")
+
+
+def check_duration(config: TrainConfig, key: str) -> None:
+    from composer.core import Time
+    value = config
+    for part in key.split('.'):
+        value = getattr(value, part)
+    try:
+        Time.from_timestring(value)
+    except (ValueError, TypeError):
+        raise ConfigError(f"{key}: '{value}' is not a duration; write e.g. 1000ba, 2ep, 1000000tok or 5000sp") from None
+
+
+def check_loader(loader: LoaderConfig, path: str) -> None:
+    if not loader.streams:
+        raise ConfigError(f'{path}.streams: needs at least one stream')
+    with_proportion = [s.proportion is not None for s in loader.streams.values()]
+    if any(with_proportion) and not all(with_proportion):
+        raise ConfigError(f'{path}.streams: give a proportion to every stream or to none')
+    for name, stream in loader.streams.items():
+        stream_path = f'{path}.streams.{name}'
+        if stream.proportion is not None and stream.proportion <= 0:
+            raise ConfigError(f'{stream_path}.proportion: must be positive, got {stream.proportion}')
+        if stream.remote is None and not os.path.isfile(os.path.join(stream.local, 'index.json')):
+            raise ConfigError(f'{stream_path}.local: no MDS dataset at {stream.local} (index.json missing) and no '
+                              f'remote set; run data_prep/convert_to_mds.py or fix the path')

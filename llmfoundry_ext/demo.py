@@ -1,0 +1,67 @@
+"""The demo: stdlib corpus -> BPE tokenizer -> MDS shards -> train on 2 processes, stop, autoresume.
+
+Re-running continues from the latest checkpoint (and says so) instead of starting over.
+"""
+import os
+import subprocess
+import sys
+import time
+
+from omegaconf import OmegaConf
+
+DEMO_YAML = 'yamls/demo.yaml'
+VOCAB_SIZE = 8000
+QUEUE_LIMIT_BATCHES = 60  # the first run stops here, as a job at its queue limit would
+
+
+def prepare_data(root: str, window: int) -> None:
+    """Tokenizer and one MDS folder per domain under ``root``; skipped when already there."""
+    from data_prep.demo_corpus import demo_corpus
+    from data_prep.packing import file_sha256, pack, tokenize_documents, write_mds
+    from data_prep.train_tokenizer import EOS, train_bpe
+
+    tokenizer_file = os.path.join(root, 'tokenizer', 'tokenizer.json')
+    domains = ('code', 'prose', 'math')
+    if os.path.isfile(tokenizer_file) and all(os.path.isdir(os.path.join(root, d)) for d in domains):
+        print(f'demo data: reusing {root}', flush=True)
+        return
+    start = time.monotonic()
+    corpus = demo_corpus()
+    tokenizer = train_bpe((doc for docs in corpus.values() for doc in docs), VOCAB_SIZE)
+    os.makedirs(os.path.dirname(tokenizer_file), exist_ok=True)
+    tokenizer.save(tokenizer_file)
+    eos_id = tokenizer.token_to_id(EOS)
+    for domain in domains:
+        windows = pack(tokenize_documents(corpus[domain], tokenizer, eos_id), window)
+        manifest = write_mds(os.path.join(root, domain), windows, {
+            'source': f'demo:{domain}', 'documents': len(corpus[domain]), 'window': window,
+            'tokenizer': tokenizer_file, 'tokenizer_sha256': file_sha256(tokenizer_file)})
+        print(f"demo data: {domain}: {manifest['documents']} documents -> {manifest['windows']} windows "
+              f"of {window} tokens", flush=True)
+    print(f'demo data: ready in {time.monotonic() - start:.0f} s under {root}', flush=True)
+
+
+def launch(extra: list[str]) -> None:
+    """``composer -n 2 train.py yamls/demo.yaml`` (one process per GPU if there are GPUs)."""
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    command = ['composer', '-n', '2', 'train.py', DEMO_YAML, *extra]
+    print('$ ' + ' '.join(command), flush=True)
+    subprocess.run(command, env=env, check=True)
+
+
+def main() -> int:
+    raw = OmegaConf.load(DEMO_YAML)  # not yet validated: its data does not exist before prepare_data
+    prepare_data(raw.variables.data_root, window=raw.max_seq_len)
+    checkpoints = raw.checkpoint.save_folder.format(run_name=raw.run_name)
+    if not os.path.exists(os.path.join(checkpoints, 'latest-rank0.pt')):
+        print(f'\n== run 1: stops after {QUEUE_LIMIT_BATCHES} batches, as at a queue limit ==', flush=True)
+        launch([f'callbacks.stop_after.batches={QUEUE_LIMIT_BATCHES}'])
+        print('\n== run 2: the same command again: autoresume ==', flush=True)
+    else:
+        print('\n== a checkpoint exists: the same command autoresumes ==', flush=True)
+    launch([])
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

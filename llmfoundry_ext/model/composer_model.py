@@ -1,0 +1,43 @@
+"""The Transformer inside one ComposerModel: loss, metrics, and FLOPs per batch for MFU."""
+import torch
+import torch.nn.functional as F
+from composer.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
+from composer.models import ComposerModel
+
+from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+
+
+class LlamaLM(ComposerModel):
+    """Batches {'input_ids' [B, S], 'labels' [B, S] with -100 = ignore} -> logits and a token-mean loss.
+
+    Labels are aligned with positions (the collator shifts them for causal LM), so the same loss serves
+    masked LM. The Transformer is the only child, as Composer's FSDP2 policy expects.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.model = Transformer(config)
+        self.train_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy()}
+        self.eval_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy(),
+                             'LanguagePerplexity': LanguagePerplexity()}
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model(batch['input_ids'], batch.get('position_ids'))
+
+    def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+        return F.cross_entropy(outputs.flatten(0, 1).float(), batch['labels'].flatten(), ignore_index=-100)
+
+    def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
+        return outputs if outputs is not None else self.forward(batch)
+
+    def get_metrics(self, is_train: bool = False) -> dict:
+        return self.train_metrics if is_train else self.eval_metrics
+
+    def update_metric(self, batch: dict, outputs: torch.Tensor, metric) -> None:
+        metric.update(outputs, batch['labels'])
+
+    def flops_per_batch(self, batch: dict) -> int:
+        """Training FLOPs of one batch (SpeedMonitor turns this into MFU)."""
+        batch_size, seq_len = batch['input_ids'].shape
+        return batch_size * seq_len * self.config.flops_per_token(seq_len)

@@ -1,0 +1,237 @@
+"""Llama-3.x in plain PyTorch, with Hugging Face parameter names and rotate-half RoPE.
+
+Shapes: B batch, S sequence, H query heads, K key/value heads, D head dim.
+The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}.self_attn.q_proj``,
+``layers.{i}.mlp.gate_proj``, ``norm``) so HF conversion is a rename of the ``model.`` prefix.
+"""
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmfoundry_ext.model.attention import attend
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Architecture of one Llama model; every field matches an HF ``LlamaConfig`` key by meaning."""
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    ffn_dim: int = 14336
+    vocab_size: int = 128256
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    rope_scaling_factor: float = 8.0          # Llama-3.1 frequency scaling; 1.0 turns it off
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
+    max_seq_len: int = 131072
+    tie_embeddings: bool = False
+    causal: bool = True                       # False: bidirectional attention (masked LM)
+    attn_impl: str = 'auto'
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count from the config alone (tied output counted once)."""
+        kv_dim = self.n_kv_heads * self.head_dim
+        attention = self.dim * (2 * self.dim + 2 * kv_dim)
+        feed_forward = 3 * self.dim * self.ffn_dim
+        block = attention + feed_forward + 2 * self.dim
+        embedding = self.vocab_size * self.dim
+        output = 0 if self.tie_embeddings else embedding
+        total = self.n_layers * block + self.dim + output + (embedding if include_embedding else 0)
+        return total
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token (forward + backward), torchtitan's convention for MFU.
+
+        6 x (parameters in matmuls, the output layer included) + 12 x layers x dim x seq_len for
+        attention scores and values (no causal discount, so MFU figures compare with torchtitan's).
+        """
+        matmul_params = self.num_params(include_embedding=False)
+        if self.tie_embeddings:
+            matmul_params += self.vocab_size * self.dim
+        return 6 * matmul_params + 12 * self.n_layers * self.dim * seq_len
+
+
+_LLAMA3_ROPE = dict(rope_theta=500000.0, vocab_size=128256, norm_eps=1e-5, n_kv_heads=8,
+                    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_seq_len=8192)
+PRESETS = {
+    'debug': LlamaConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=768, vocab_size=8000,
+                         rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=2048, tie_embeddings=True),
+    '1b': LlamaConfig(dim=2048, n_layers=16, n_heads=32, ffn_dim=8192, rope_scaling_factor=32.0,
+                      tie_embeddings=True, **_LLAMA3_ROPE),
+    '3b': LlamaConfig(dim=3072, n_layers=28, n_heads=24, ffn_dim=8192, rope_scaling_factor=32.0,
+                      tie_embeddings=True, **_LLAMA3_ROPE),
+    '8b': LlamaConfig(dim=4096, n_layers=32, n_heads=32, ffn_dim=14336, rope_scaling_factor=8.0, **_LLAMA3_ROPE),
+    '70b': LlamaConfig(dim=8192, n_layers=80, n_heads=64, ffn_dim=28672, rope_scaling_factor=8.0, **_LLAMA3_ROPE),
+}
+
+
+def preset_fields(name: str) -> dict:
+    """The named preset as a plain dict (for merging under YAML overrides)."""
+    return asdict(PRESETS[name])
+
+
+def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
+    """[D/2] inverse frequencies, with Llama-3.1's smooth low/high-frequency scaling."""
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** exponents)
+    factor = config.rope_scaling_factor
+    if factor == 1.0:
+        return inv_freq.float()
+    wavelength = 2 * math.pi / inv_freq
+    low_freq_wavelength = config.rope_original_max_seq_len / config.rope_low_freq_factor
+    high_freq_wavelength = config.rope_original_max_seq_len / config.rope_high_freq_factor
+    smooth = (config.rope_original_max_seq_len / wavelength - config.rope_low_freq_factor) / (
+        config.rope_high_freq_factor - config.rope_low_freq_factor)
+    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
+    is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
+    return torch.where(is_medium, smoothed, scaled).float()
+
+
+INIT_STD = 0.02
+
+
+def residual_init_std(config: LlamaConfig) -> float:
+    """Smaller init for the projections that write into the residual stream (GPT-2 / torchtitan)."""
+    return INIT_STD / math.sqrt(2 * config.n_layers)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, S, D]; cos/sin [B or 1, 1, S, D]."""
+    return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        kv_dim = config.n_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
+        self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
+        self.o_proj.init_std = residual_init_std(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        head_dim = self.config.head_dim
+        q = self.q_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v, causal=self.config.causal, impl=self.config.attn_impl)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
+        self.down_proj.init_std = residual_init_std(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.mlp = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Transformer(nn.Module):
+    """Token ids [B, S] -> logits [B, S, vocab]."""
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
+        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        else:
+            self.lm_head.init_std = config.dim ** -0.5
+        self.register_buffer('inv_freq', rope_inverse_frequencies(config), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.lm_head(self.hidden_states(input_ids, position_ids))
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer)."""
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        cos, sin = self.rope_tables(position_ids)
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+    def rope_tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B or 1, 1, S, D] in fp32 for the given positions [B or 1, S]."""
+        angles = position_ids.float().unsqueeze(-1) * self.inv_freq.float()
+        angles = torch.cat((angles, angles), dim=-1).unsqueeze(1)
+        return angles.cos(), angles.sin()
+
+    def init_weights(self):
+        """Fresh initialisation of every parameter (and the RoPE table)."""
+        for module in self.modules():
+            self.init_module(module)
+
+    def init_module(self, module: nn.Module):
+        """Initialise ``module``'s own parameters; also Composer's ``param_init_fn`` after a meta build."""
+        if module is self:
+            self.inv_freq.copy_(rope_inverse_frequencies(self.config).to(self.inv_freq.device))
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=INIT_STD)
+        elif isinstance(module, nn.Linear) and module.weight is not self.embed_tokens.weight:
+            nn.init.trunc_normal_(module.weight, std=getattr(module, 'init_std', INIT_STD))
+
+    def fsdp_wrap_fn(self, module: nn.Module) -> bool:
+        """Composer's FSDP policy: shard each block as its own unit (embeddings stay with the root)."""
+        return isinstance(module, TransformerBlock)
+
+    def activation_checkpointing_fn(self, module: nn.Module) -> bool:
+        return isinstance(module, TransformerBlock)
+

@@ -1,0 +1,107 @@
+"""YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours.
+
+A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
+misspelt name or argument is one line naming it and the nearest valid choice.
+"""
+import inspect
+
+import torch
+from composer import algorithms, callbacks, loggers, optim
+
+from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
+from llmfoundry_ext.callbacks.stop_after import StopAfter
+from llmfoundry_ext.config import ConfigError, suggest
+
+CALLBACKS = {
+    'speed_monitor': callbacks.SpeedMonitor,
+    'lr_monitor': callbacks.LRMonitor,
+    'memory_monitor': callbacks.MemoryMonitor,
+    'memory_snapshot': callbacks.MemorySnapshot,
+    'system_metrics_monitor': callbacks.SystemMetricsMonitor,
+    'runtime_estimator': callbacks.RuntimeEstimator,
+    'optimizer_monitor': callbacks.OptimizerMonitor,
+    'activation_monitor': callbacks.ActivationMonitor,
+    'nan_monitor': callbacks.NaNMonitor,
+    'oom_observer': callbacks.OOMObserver,
+    'early_stopper': callbacks.EarlyStopper,
+    'threshold_stopper': callbacks.ThresholdStopper,
+    'stop_after': StopAfter,
+    'sample_ledger': SampleLedger,
+}
+ALGORITHMS = {
+    'gradient_clipping': algorithms.GradientClipping,
+    'ema': algorithms.EMA,
+    'low_precision_layernorm': algorithms.LowPrecisionLayerNorm,
+    'seq_length_warmup': algorithms.SeqLengthWarmup,
+}
+LOGGERS = {
+    'tensorboard': loggers.TensorboardLogger,
+    'wandb': loggers.WandBLogger,
+    'mlflow': loggers.MLFlowLogger,
+    'file': loggers.FileLogger,
+    'in_memory': loggers.InMemoryLogger,
+}
+OPTIMIZERS = {
+    'decoupled_adamw': optim.DecoupledAdamW,
+    'adamw': torch.optim.AdamW,
+    'decoupled_sgdw': optim.DecoupledSGDW,
+}
+SCHEDULERS = {
+    'cosine_with_warmup': optim.CosineAnnealingWithWarmupScheduler,
+    'linear_with_warmup': optim.LinearWithWarmupScheduler,
+    'constant_with_warmup': optim.ConstantWithWarmupScheduler,
+    'polynomial_with_warmup': optim.PolynomialWithWarmupScheduler,
+    'cosine': optim.CosineAnnealingScheduler,
+    'constant': optim.ConstantScheduler,
+}
+KINDS = {'callbacks': CALLBACKS, 'algorithms': ALGORITHMS, 'loggers': LOGGERS,
+         'optimizer': OPTIMIZERS, 'scheduler': SCHEDULERS}
+
+
+def lookup(kind: str, name: str, path: str):
+    """The class registered under ``name``; an unknown name raises one line listing the valid ones."""
+    table = KINDS[kind]
+    if name not in table:
+        raise ConfigError(f"{path}: unknown {kind} name '{name}'{suggest(name, table, 'names')}")
+    return table[name]
+
+
+def check_arguments(cls, kwargs: dict, path: str, positional=()) -> None:
+    """Each YAML argument must be a parameter of ``cls``; required ones (but ``positional``) must be given."""
+    parameters = inspect.signature(cls).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    for key in kwargs:
+        if key not in parameters and not takes_any:
+            raise ConfigError(f'{path}.{key}: not an argument of {cls.__name__}'
+                              f'{suggest(key, parameters, "arguments")}')
+    for name, parameter in parameters.items():
+        required = parameter.default is parameter.empty and parameter.kind in (
+            parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        if required and name not in kwargs and name not in positional:
+            raise ConfigError(f'{path}.{name}: missing required argument of {cls.__name__}')
+
+
+def build(kind: str, name: str, kwargs: dict, *args):
+    """An instance of the class registered as ``name`` (``args`` first, e.g. parameters for an optimizer)."""
+    return KINDS[kind][name](*args, **kwargs)
+
+
+def named_entries(section: dict, path: str):
+    """``{'name': ..., **kwargs}`` (optimizer, scheduler) -> (name, kwargs)."""
+    if 'name' not in section:
+        raise ConfigError(f'{path}.name: missing; e.g. {path}.name={next(iter(KINDS[path]))}')
+    kwargs = dict(section)
+    return kwargs.pop('name'), kwargs
+
+
+def check_all(config) -> None:
+    """Check every registry-backed YAML section of a TrainConfig."""
+    for kind in ('callbacks', 'algorithms', 'loggers'):
+        for name, kwargs in getattr(config, kind).items():
+            path = f'{kind}.{name}'
+            check_arguments(lookup(kind, name, path), kwargs or {}, path)
+    name, kwargs = named_entries(config.optimizer, 'optimizer')
+    check_arguments(lookup('optimizer', name, 'optimizer.name'), kwargs, 'optimizer', positional=('params',))
+    if config.scheduler is not None:
+        name, kwargs = named_entries(config.scheduler, 'scheduler')
+        check_arguments(lookup('scheduler', name, 'scheduler.name'), kwargs, 'scheduler')

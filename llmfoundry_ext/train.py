@@ -1,0 +1,112 @@
+"""Config -> Composer Trainer -> fit. ``main(argv)`` is what ``composer train.py <yaml> key=value ...`` runs."""
+import dataclasses
+import os
+import sys
+
+import torch
+from omegaconf import OmegaConf
+
+from llmfoundry_ext.config import ConfigError, TrainConfig, load, world_size
+
+USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
+
+
+def main(argv: list[str]) -> int:
+    """Train as configured; a config error is one line on stderr and exit status 2."""
+    if not argv or argv[0] in ('-h', '--help'):
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        config = load(argv[0], argv[1:])
+        check_hardware(config)
+    except ConfigError as error:
+        print(f'config error: {error}', file=sys.stderr)
+        return 2
+    train(config)
+    return 0
+
+
+def check_hardware(config: TrainConfig) -> None:
+    if config.precision != 'fp32' and not torch.cuda.is_available():
+        raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
+
+
+def train(config: TrainConfig):
+    """Build everything from the config, print the start summary, fit, and return the Trainer."""
+    from composer.utils import dist, reproducibility
+
+    from llmfoundry_ext.build import build_trainer
+
+    reproducibility.seed_all(config.seed)
+    trainer = build_trainer(config)
+    if dist.get_global_rank() == 0:
+        print(start_summary(config, trainer), flush=True)
+        write_resolved_config(config)
+    trainer.fit()
+    if dist.get_global_rank() == 0:
+        print(end_summary(config, trainer), flush=True)
+    return trainer
+
+
+def checkpoint_folder(config: TrainConfig) -> str | None:
+    folder = config.checkpoint.save_folder
+    return folder.format(run_name=config.run_name) if folder else None
+
+
+def write_resolved_config(config: TrainConfig) -> None:
+    """The config as resolved (presets, overrides) next to the checkpoints, written atomically."""
+    folder = checkpoint_folder(config)
+    if folder is None:
+        return
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, 'config.yaml')
+    with open(path + '.tmp', 'w') as file:
+        file.write(OmegaConf.to_yaml(dataclasses.asdict(config)))
+    os.replace(path + '.tmp', path)
+
+
+def start_summary(config: TrainConfig, trainer) -> str:
+    """What this run is, in the numbers a user checks first; says whether it resumed."""
+    from llmfoundry_ext.model.attention import resolved_backend
+
+    state = trainer.state
+    model = config.model
+    batches = int(state.max_duration.value) if state.max_duration.unit.name == 'BATCH' else None
+    resumed = int(state.timestamp.batch)
+    lines = [
+        f'run {config.run_name}: Llama preset {model.preset} ({model.llama().num_params():,} parameters, '
+        f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
+        f'  world size {world_size()}, precision {config.precision}, attention {resolved_backend(model.attn_impl)}, '
+        f"{'FSDP2' if config.parallelism.fsdp else 'DDP'}",
+        f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
+        f'{config.max_seq_len}; FLOPs per token {model.llama().flops_per_token(config.max_seq_len):,}',
+        f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
+        f'  checkpoints in {checkpoint_folder(config)}',
+        (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
+         '  starting from scratch (no checkpoint found)'),
+    ]
+    return '\n'.join(lines)
+
+
+def end_summary(config: TrainConfig, trainer) -> str:
+    """Where the run stopped, its loss over this invocation and throughput (from an in_memory logger)."""
+    lines = [f'run {config.run_name} stopped at batch {int(trainer.state.timestamp.batch)} of '
+             f'{config.max_duration}; checkpoints in {checkpoint_folder(config)}']
+    history = logged_history(trainer)
+    losses = history.get('loss/train/total')
+    if losses:
+        (first_time, first), (last_time, last) = losses[0], losses[-1]
+        lines.append(f'  loss {float(first):.3f} at batch {int(first_time.batch) + 1} -> {float(last):.3f} '
+                     f'at batch {int(last_time.batch) + 1}')
+    speeds = history.get('throughput/tokens_per_sec')
+    if speeds:
+        lines.append(f'  {float(speeds[-1][1]):,.0f} tokens/s over the last batches')
+    return '\n'.join(lines)
+
+
+def logged_history(trainer) -> dict:
+    from composer.loggers import InMemoryLogger
+    for destination in trainer.logger.destinations:
+        if isinstance(destination, InMemoryLogger):
+            return destination.data
+    return {}

@@ -1,0 +1,28 @@
+"""llmfoundry_ext: YAML-driven Llama pretraining on Composer and mosaicml-streaming."""
+from setuptools import find_packages, setup
+
+install_requires = [
+    'mosaicml>=0.32.1,<0.33',          # Composer; its own pins choose torch (2.7.0 today)
+    'mosaicml-streaming>=0.13.0,<0.14',
+    'transformers>=4.51',
+    'tokenizers>=0.21',
+    'datasets>=3.0',
+    'omegaconf>=2.3',
+    'safetensors>=0.4',
+    'tqdm>=4.66',
+]
+
+extras_require = {
+    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.5'],
+    'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml'],
+}
+
+setup(
+    name='llmfoundry_ext',
+    version='0.1.0',
+    description=__doc__,
+    packages=find_packages(include=['llmfoundry_ext', 'llmfoundry_ext.*', 'data_prep']),
+    python_requires='>=3.10',
+    install_requires=install_requires,
+    extras_require=extras_require,
+)

@@ -1,0 +1,86 @@
+"""The Llama model: published parameter counts, causality, GQA, and Llama-3.1 RoPE scaling."""
+import math
+
+import pytest
+import torch
+
+from llmfoundry_ext.model.attention import attend
+from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, Transformer, rope_inverse_frequencies
+
+TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
+                   rope_theta=10000.0, rope_scaling_factor=1.0)
+
+
+@pytest.mark.parametrize('preset, count', [('1b', 1_235_814_400), ('8b', 8_030_261_248),
+                                           ('70b', 70_553_706_496)])
+def test_preset_parameter_counts(preset, count):
+    with torch.device('meta'):
+        model = Transformer(PRESETS[preset])
+    assert PRESETS[preset].num_params() == count
+    assert sum(p.numel() for p in model.parameters()) == count
+
+
+def test_flops_per_token_of_1b_at_8192():
+    """Tied output: the embedding lookup is free but the output matmul is not, so all parameters count."""
+    assert PRESETS['1b'].flops_per_token(8192) == 6 * 1_235_814_400 + 12 * 16 * 2048 * 8192
+
+
+def model(config=TINY, seed=0) -> Transformer:
+    torch.manual_seed(seed)
+    transformer = Transformer(config)
+    transformer.init_weights()
+    return transformer
+
+
+def test_causal_logits_ignore_future_tokens():
+    transformer = model()
+    tokens = torch.randint(0, 97, (2, 24))
+    changed = tokens.clone()
+    changed[:, 12] = (changed[:, 12] + 1) % 97
+    before, after = transformer(tokens), transformer(changed)
+    assert torch.equal(before[:, :12], after[:, :12])
+    assert not torch.allclose(before[:, 12:], after[:, 12:])
+
+
+def test_bidirectional_logits_see_future_tokens():
+    transformer = model(LlamaConfig(**{**TINY.__dict__, 'causal': False}))
+    tokens = torch.randint(0, 97, (1, 16))
+    changed = tokens.clone()
+    changed[0, 15] = (changed[0, 15] + 1) % 97
+    assert not torch.allclose(transformer(tokens)[0, 0], transformer(changed)[0, 0])
+
+
+def test_sdpa_with_gqa_equals_eager_reference():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 8, 33, 16), torch.randn(2, 2, 33, 16), torch.randn(2, 2, 33, 16)
+    for causal in (True, False):
+        torch.testing.assert_close(attend(q, k, v, causal, 'sdpa'), attend(q, k, v, causal, 'eager'),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_init_is_seeded_and_depth_scaled():
+    first, second = model(seed=3), model(seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    std = first.layers[0].mlp.down_proj.weight.std().item()
+    assert abs(std - 0.02 / math.sqrt(2 * TINY.n_layers)) < 0.002
+    assert torch.equal(first.layers[1].input_layernorm.weight, torch.ones(64))
+
+
+def test_tied_output_shares_the_embedding():
+    tied = model(LlamaConfig(**{**TINY.__dict__, 'tie_embeddings': True}))
+    assert tied.lm_head.weight is tied.embed_tokens.weight
+    assert sum(p.numel() for p in tied.parameters()) == 97 * 64 + 2 * (64 * (64 + 2 * 32 + 64) + 3 * 64 * 128
+                                                                       + 2 * 64) + 64
+
+
+def test_llama31_rope_scaling_bands():
+    """High frequencies unchanged, low ones divided by the factor, the band between interpolated."""
+    config = PRESETS['8b']
+    scaled, plain = rope_inverse_frequencies(config), rope_inverse_frequencies(
+        LlamaConfig(**{**config.__dict__, 'rope_scaling_factor': 1.0}))
+    wavelength = 2 * math.pi / plain
+    high, low = wavelength < 8192 / 4, wavelength > 8192 / 1
+    assert torch.equal(scaled[high], plain[high])
+    torch.testing.assert_close(scaled[low], plain[low] / 8)
+    middle = ~high & ~low
+    assert middle.any() and torch.all(scaled[middle] < plain[middle]) and torch.all(scaled[middle] > plain[middle] / 8)

@@ -1,0 +1,121 @@
+"""The typed config: presets, overrides, and one clear line for each kind of bad config."""
+import copy
+import subprocess
+import sys
+
+import pytest
+
+from llmfoundry_ext.config import ConfigError, load
+from tests.conftest import REPO, write_yaml
+
+
+def test_preset_fills_the_architecture_under_yaml_keys(tiny_config, tmp_path):
+    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['model.n_layers=3', 'optimizer.lr=0.01'])
+    assert (config.model.dim, config.model.n_layers, config.model.rope_theta) == (64, 3, 10000.0)
+    assert config.optimizer == {'name': 'decoupled_adamw', 'lr': 0.01}
+    assert config.tokens_per_step == 8 * 32
+    assert config.data.train.streams['a'].proportion == 0.75
+
+
+def test_variables_are_resolved_and_dropped(tiny_config, tmp_path):
+    tiny_config['variables'] = {'steps': 7}
+    tiny_config['max_duration'] = '${variables.steps}ba'
+    assert load(write_yaml(tiny_config, tmp_path / 'run.yaml')).max_duration == '7ba'
+
+
+def change(path: str, value):
+    """A function that sets ``path`` (dotted) in a config dict; value ``DELETE`` removes the key."""
+    def apply(config: dict):
+        *parents, last = path.split('.')
+        for key in parents:
+            config = config.setdefault(key, {})
+        if value == 'DELETE':
+            del config[last]
+        else:
+            config[last] = value
+    return apply
+
+
+BAD_CONFIGS = [
+    (change('global_batch', 8),
+     "global_batch: unknown key; did you mean 'global_batch_size'?"),
+    (change('model.n_layer', 2),
+     "model.n_layer: unknown key; did you mean 'n_layers'?"),
+    (change('data.train.streams.a.proportoin', 0.5),
+     "data.train.streams.a.proportoin: unknown key; did you mean 'proportion'?"),
+    (change('global_batch_size', 'eight'),
+     "global_batch_size: expected int, got str 'eight'"),
+    (change('global_batch_size', True),
+     'global_batch_size: expected int, got bool True'),
+    (change('global_batch_size', -8),
+     'global_batch_size: must be positive, got -8'),
+    (change('device_microbatch_size', 3),
+     'device_microbatch_size: 3 does not divide the per-device batch 8 (global_batch_size 8 / 1 devices); '
+     'pick a divisor of 8'),
+    (change('max_duration', 'DELETE'),
+     'max_duration: missing required key'),
+    (change('max_duration', '100 batches'),
+     "max_duration: '100 batches' is not a duration; write e.g. 1000ba, 2ep, 1000000tok or 5000sp"),
+    (change('data.train.streams.a.local', '/nonexistent/mds'),
+     'data.train.streams.a.local: no MDS dataset at /nonexistent/mds (index.json missing) and no remote set; '
+     'run data_prep/convert_to_mds.py or fix the path'),
+    (change('data.train.streams.a.proportion', None),
+     'data.train.streams: give a proportion to every stream or to none'),
+    (change('callbacks.speed_monitr', {}),
+     "callbacks.speed_monitr: unknown callbacks name 'speed_monitr'; did you mean 'speed_monitor'?"),
+    (change('callbacks.speed_monitor', {'window': 5}),
+     "callbacks.speed_monitor.window: not an argument of SpeedMonitor; did you mean 'window_size'?"),
+    (change('loggers.tensorbord', {}),
+     "loggers.tensorbord: unknown loggers name 'tensorbord'; did you mean 'tensorboard'?"),
+    (change('optimizer.name', 'adam'),
+     "optimizer.name: unknown optimizer name 'adam'; did you mean 'adamw'?"),
+    (change('scheduler.t_warmpu', '2ba'),
+     "scheduler.t_warmpu: not an argument of CosineAnnealingWithWarmupScheduler; did you mean 't_warmup'?"),
+    (change('model.preset', '7b'),
+     "model.preset: unknown preset '7b'; choose one of debug, 1b, 3b, 8b, 70b"),
+    (change('model.n_heads', 5),
+     'model.dim: 64 is not divisible by model.n_heads 5'),
+    (change('max_seq_len', 128),
+     'max_seq_len: 128 exceeds model.max_seq_len 64; raise model.max_seq_len or shorten max_seq_len'),
+    (change('precision', 'bf16'),
+     "precision: 'bf16' is not one of fp32, amp_bf16, amp_fp16, amp_fp8"),
+    (change('model.attn_impl', 'flash'),
+     "model.attn_impl: attn_impl 'flash' needs the flash-attn package, which is not installed: pip install "
+     "'llmfoundry_ext[gpu]' (or the ROCm build on AMD), or set model.attn_impl=auto"),
+    (change('model.attn_impl', 'fast'),
+     "model.attn_impl: attn_impl 'fast' is unknown; choose one of auto, sdpa, eager, flash"),
+    (change('parallelism.fsdp.reshard', True),
+     "parallelism.fsdp.reshard: unknown key; did you mean 'reshard_after_forward'?"),
+    (change('data.train.streams', []),
+     'data.train.streams: expected a mapping, got list []'),
+]
+
+
+@pytest.mark.parametrize('mutate, message', BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])
+def test_bad_config_is_one_line_naming_the_key(tiny_config, tmp_path, mutate, message):
+    config = copy.deepcopy(tiny_config)
+    mutate(config)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(config, tmp_path / 'run.yaml'))
+    assert str(caught.value) == message
+
+
+def test_global_batch_must_split_over_the_world(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setenv('WORLD_SIZE', '3')
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    assert str(caught.value) == 'global_batch_size: 8 is not divisible by the world size 3; use a multiple of 3'
+
+
+def test_override_without_equals_sign(tiny_config, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['global_batch_size'])
+    assert str(caught.value) == "override 'global_batch_size': expected key=value, e.g. global_batch_size=64"
+
+
+def test_train_script_prints_one_line_and_no_traceback(tiny_config, tmp_path):
+    path = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    result = subprocess.run([sys.executable, 'train.py', path, 'model.n_layer=3'], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == "config error: model.n_layer: unknown key; did you mean 'n_layers'?\n"
