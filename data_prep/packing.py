@@ -1,5 +1,4 @@
 """Tokenize documents, append EOS, pack into fixed windows, and write MDS shards with a manifest."""
-import hashlib
 import json
 import os
 import shutil
@@ -7,6 +6,8 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 from streaming import MDSWriter
+
+from llmfoundry_ext.data.manifest import MANIFEST
 
 TOKENS_COLUMN = {'tokens': 'ndarray:uint32'}
 
@@ -50,13 +51,8 @@ def write_mds(out: str, windows: Iterable[np.ndarray], manifest: dict) -> dict:
             writer.write({'tokens': window})
             count += 1
     manifest = {**manifest, 'windows': count, 'tokens': count * manifest['window']}
-    with open(os.path.join(partial, 'manifest.json'), 'w') as file:
+    with open(os.path.join(partial, MANIFEST), 'w') as file:
         json.dump(manifest, file, indent=2)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(partial, out)
     return manifest
-
-
-def file_sha256(path: str) -> str:
-    with open(path, 'rb') as file:
-        return hashlib.sha256(file.read()).hexdigest()

@@ -3,30 +3,39 @@ import dataclasses
 
 import torch
 from composer import Trainer
-from composer.utils import FSDP2Config
+from composer.utils import FSDP2Config, dist
 
 from llmfoundry_ext import registry
+from llmfoundry_ext.checkpoint import load_into, load_weights_folder
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LlamaLM
 
 
 def build_model(config: TrainConfig) -> LlamaLM:
-    """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised."""
+    """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised, and
+    loaded from ``model.init_from`` but for the ``init_skip`` tensors, which keep their fresh init."""
     init_device = resolve_init_device(config)
     with torch.device(init_device):
         model = LlamaLM(config.model.llama())
     if init_device == 'meta':
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
-    else:
-        model.model.init_weights()
+        return model
+    model.model.init_weights()
+    if config.model.init_from:
+        _, tensors = load_weights_folder(config.model.init_from)
+        load_into(model.model, tensors, skip=tuple(config.model.init_skip))
     return model
 
 
 def resolve_init_device(config: TrainConfig) -> str:
+    """auto: ``meta`` under FSDP2 on GPUs, but rank 0 builds on the CPU to load ``init_from`` (Composer then
+    broadcasts its weights to the other ranks' shards); ``cpu`` otherwise."""
     if config.model.init_device != 'auto':
         return config.model.init_device
-    return 'meta' if torch.cuda.is_available() and config.parallelism.fsdp else 'cpu'
+    if not (torch.cuda.is_available() and config.parallelism.fsdp):
+        return 'cpu'
+    return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
 def build_parallelism(config: TrainConfig):

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from llmfoundry_ext.data.manifest import file_sha256, read_manifest
 from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, preset_fields
 
 
@@ -26,7 +27,8 @@ class ModelConfig(LlamaConfig):
     """A preset's architecture with any field overridden, plus how to build it."""
     preset: str = 'debug'
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
-    init_from: Optional[str] = None  # a folder of weights to start from (see scripts/convert_checkpoint.py)
+    init_from: Optional[str] = None  # HF Llama folder or from-hf output to start from
+    init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
 
     def llama(self) -> LlamaConfig:
         names = [f.name for f in dataclasses.fields(LlamaConfig)]
@@ -237,6 +239,7 @@ def validate(config: TrainConfig) -> None:
     check_positive(config, ('global_batch_size', 'max_seq_len'))
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
+    check_init_from(config.model)
     try:
         check_backend(config.model.attn_impl)
     except BackendUnavailableError as error:
@@ -245,9 +248,11 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
-    check_loader(config.data.train, 'data.train')
-    if config.data.eval is not None:
-        check_loader(config.data.eval, 'data.eval')
+    for split in ('train', 'eval'):
+        loader = getattr(config.data, split)
+        if loader is not None:
+            check_loader(loader, f'data.{split}')
+            check_tokenizer(config.data.tokenizer, loader, f'data.{split}', config.model.vocab_size)
     registry.check_all(config)
 
 
@@ -288,6 +293,25 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
         raise ConfigError(f"model.init_device: '{model.init_device}' is not one of auto, meta, cpu, cuda")
 
 
+def check_init_from(model: ModelConfig) -> None:
+    """The weights to start from exist and have this architecture (vocabulary aside when embeddings are skipped)."""
+    if model.init_from is None:
+        return
+    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config
+    try:
+        source = read_weights_config(model.init_from)
+    except CheckpointError as error:
+        raise ConfigError(f'model.init_from: {error}') from None
+    new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
+    for name in ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'tie_embeddings',
+                 'rope_theta', 'rope_scaling_factor', 'norm_eps'):
+        if name == 'vocab_size' and new_vocabulary:
+            continue
+        if getattr(model, name) != getattr(source, name):
+            raise ConfigError(f'model.{name}: {getattr(model, name)} but the weights in {model.init_from} have '
+                              f'{getattr(source, name)}; set model.{name}={getattr(source, name)}')
+
+
 def check_duration(config: TrainConfig, key: str) -> None:
     from composer.core import Time
     value = config
@@ -312,3 +336,30 @@ def check_loader(loader: LoaderConfig, path: str) -> None:
         if stream.remote is None and not os.path.isfile(os.path.join(stream.local, 'index.json')):
             raise ConfigError(f'{stream_path}.local: no MDS dataset at {stream.local} (index.json missing) and no '
                               f'remote set; run data_prep/convert_to_mds.py or fix the path')
+
+
+def tokenizer_file(tokenizer: str) -> str:
+    """A tokenizer folder or file -> its tokenizer.json."""
+    return os.path.join(tokenizer, 'tokenizer.json') if os.path.isdir(tokenizer) else tokenizer
+
+
+def check_tokenizer(tokenizer: Optional[str], loader: LoaderConfig, path: str, vocab_size: int) -> None:
+    """The tokenizer fits the model's vocabulary and is the one each local stream was tokenized with."""
+    if tokenizer is None:
+        return
+    file = tokenizer_file(tokenizer)
+    if not os.path.isfile(file):
+        raise ConfigError(f'data.tokenizer: no tokenizer.json at {tokenizer}; give the folder the shards were '
+                          f'tokenized with')
+    from tokenizers import Tokenizer
+    size = Tokenizer.from_file(file).get_vocab_size()
+    if size > vocab_size:
+        raise ConfigError(f'data.tokenizer: its vocabulary has {size:,} ids but model.vocab_size is '
+                          f'{vocab_size:,}; set model.vocab_size >= {size}')
+    digest = file_sha256(file)
+    for name, stream in loader.streams.items():
+        used = (read_manifest(stream.local) or {}).get('tokenizer_sha256')
+        if used is not None and used != digest:
+            raise ConfigError(f'{path}.streams.{name}: its shards were tokenized with another tokenizer than '
+                              f'data.tokenizer {tokenizer} (sha256 {used[:12]} vs {digest[:12]}); point '
+                              f'data.tokenizer at the one named in {stream.local}/manifest.json or re-convert')

@@ -17,7 +17,8 @@ QUEUE_LIMIT_BATCHES = 60  # the first run stops here, as a job at its queue limi
 def prepare_data(root: str, window: int) -> None:
     """Tokenizer and one MDS folder per domain under ``root``; skipped when already there."""
     from data_prep.demo_corpus import demo_corpus
-    from data_prep.packing import file_sha256, pack, tokenize_documents, write_mds
+    from data_prep.packing import pack, tokenize_documents, write_mds
+    from llmfoundry_ext.data.manifest import file_sha256
     from data_prep.train_tokenizer import EOS, train_bpe
 
     tokenizer_file = os.path.join(root, 'tokenizer', 'tokenizer.json')
@@ -42,9 +43,12 @@ def prepare_data(root: str, window: int) -> None:
 
 
 def launch(extra: list[str]) -> None:
-    """``composer -n 2 train.py yamls/demo.yaml`` (one process per GPU if there are GPUs)."""
+    """``composer -n 2 train.py yamls/demo.yaml`` on CPU; one process per GPU, in bf16, where there are GPUs."""
+    import torch
+    gpus = torch.cuda.device_count()
+    on_gpu = ['precision=amp_bf16'] if gpus else []
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    command = ['composer', '-n', '2', 'train.py', DEMO_YAML, *extra]
+    command = ['composer', '-n', str(gpus or 2), 'train.py', DEMO_YAML, *on_gpu, *extra]
     print('$ ' + ' '.join(command), flush=True)
     subprocess.run(command, env=env, check=True)
 

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny MDS datasets and YAML files; the ``gpu`` marker skips without a GPU."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import yaml
 from data_prep.packing import write_mds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMPOSER = os.path.join(os.path.dirname(sys.executable), 'composer')  # the launcher of this virtualenv
 
 
 def pytest_configure(config):

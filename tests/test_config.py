@@ -1,11 +1,15 @@
 """The typed config: presets, overrides, and one clear line for each kind of bad config."""
 import copy
+import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from llmfoundry_ext.config import ConfigError, load
+from llmfoundry_ext.data.manifest import file_sha256
 from tests.conftest import REPO, write_yaml
 
 
@@ -105,6 +109,41 @@ def test_global_batch_must_split_over_the_world(tiny_config, tmp_path, monkeypat
     with pytest.raises(ConfigError) as caught:
         load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
     assert str(caught.value) == 'global_batch_size: 8 is not divisible by the world size 3; use a multiple of 3'
+
+
+@pytest.fixture
+def tokenizer_folder(tmp_path) -> str:
+    from data_prep.train_tokenizer import train_bpe
+    folder = tmp_path / 'tokenizer'
+    folder.mkdir()
+    train_bpe([f'word{i} and more words {i * 7}' for i in range(200)], vocab_size=300).save(
+        str(folder / 'tokenizer.json'))
+    return str(folder)
+
+
+def test_tokenizer_larger_than_the_model_vocabulary(tiny_config, tmp_path, tokenizer_folder):
+    tiny_config['data']['tokenizer'] = tokenizer_folder
+    tiny_config['model']['vocab_size'] = 100
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    assert str(caught.value) == 'data.tokenizer: its vocabulary has 300 ids but model.vocab_size is 100; ' \
+                                'set model.vocab_size >= 300'
+
+
+def test_shards_from_another_tokenizer(tiny_config, tmp_path, tokenizer_folder):
+    stream = tmp_path / 'other'
+    shutil.copytree(tiny_config['data']['train']['streams']['a']['local'], stream)
+    manifest = json.loads((stream / 'manifest.json').read_text())
+    (stream / 'manifest.json').write_text(json.dumps({**manifest, 'tokenizer_sha256': 'f00d' * 16}))
+    tiny_config['data']['tokenizer'] = tokenizer_folder
+    tiny_config['data']['train']['streams']['a']['local'] = str(stream)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    digest = file_sha256(os.path.join(tokenizer_folder, 'tokenizer.json'))
+    assert str(caught.value) == (
+        f'data.train.streams.a: its shards were tokenized with another tokenizer than data.tokenizer '
+        f'{tokenizer_folder} (sha256 f00df00df00d vs {digest[:12]}); point data.tokenizer at the one named in '
+        f'{stream}/manifest.json or re-convert')
 
 
 def test_override_without_equals_sign(tiny_config, tmp_path):

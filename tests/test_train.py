@@ -9,7 +9,7 @@ import time
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from tests.conftest import REPO, write_yaml
+from tests.conftest import COMPOSER, REPO, write_yaml
 
 BATCHES = 20
 
@@ -18,7 +18,7 @@ def launch(yaml_path: str, run_name: str, log_path) -> subprocess.Popen:
     """``composer -n 2 train.py`` in its own process group (so kill -9 reaches every rank)."""
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     log = open(log_path, 'a')
-    return subprocess.Popen(['composer', '-n', '2', 'train.py', yaml_path, f'run_name={run_name}'], cwd=REPO,
+    return subprocess.Popen([COMPOSER, '-n', '2', 'train.py', yaml_path, f'run_name={run_name}'], cwd=REPO,
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -81,21 +81,21 @@ def preset_fields(name: str) -> dict:
 
 
 def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
-    """[D/2] inverse frequencies, with Llama-3.1's smooth low/high-frequency scaling."""
-    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim
+    """[D/2] fp32 inverse frequencies, with Llama-3.1's smooth low/high-frequency scaling (as HF computes it)."""
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** exponents)
     factor = config.rope_scaling_factor
     if factor == 1.0:
-        return inv_freq.float()
+        return inv_freq
     wavelength = 2 * math.pi / inv_freq
     low_freq_wavelength = config.rope_original_max_seq_len / config.rope_low_freq_factor
     high_freq_wavelength = config.rope_original_max_seq_len / config.rope_high_freq_factor
+    scaled = torch.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
     smooth = (config.rope_original_max_seq_len / wavelength - config.rope_low_freq_factor) / (
         config.rope_high_freq_factor - config.rope_low_freq_factor)
-    smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    scaled = torch.where(wavelength > low_freq_wavelength, inv_freq / factor, inv_freq)
-    is_medium = (wavelength >= high_freq_wavelength) & (wavelength <= low_freq_wavelength)
-    return torch.where(is_medium, smoothed, scaled).float()
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelength < high_freq_wavelength) & ~(wavelength > low_freq_wavelength)
+    return torch.where(is_medium, smoothed, scaled)
 
 
 INIT_STD = 0.02

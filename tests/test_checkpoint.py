@@ -1,0 +1,194 @@
+"""HF interop: logits parity with transformers both ways, round trips, a new vocabulary, clear mismatch errors."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, import_from_hf, load_hf, load_into,
+                                       read_composer_model, save_hf)
+from llmfoundry_ext.config import ConfigError, load
+from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from tests.conftest import COMPOSER, REPO, write_yaml
+
+CONFIGS = {
+    'tied-gqa': LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101,
+                            max_seq_len=128, rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True),
+    'untied-mha-rope-scaled': LlamaConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=6, ffn_dim=160,
+                                          vocab_size=211, max_seq_len=256, rope_scaling_factor=8.0,
+                                          rope_original_max_seq_len=32, tie_embeddings=False),
+    'untied-gqa-rope-scaled': LlamaConfig(dim=128, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=224,
+                                          vocab_size=300, max_seq_len=256, rope_scaling_factor=32.0,
+                                          rope_original_max_seq_len=16, tie_embeddings=False),
+}
+
+
+def ours(config: LlamaConfig, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    model.init_weights()
+    return model.eval()
+
+
+def hf_model(folder) -> transformers.LlamaForCausalLM:
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
+                                                             attn_implementation='eager').eval()
+
+
+def tokens(config: LlamaConfig) -> torch.Tensor:
+    return torch.randint(0, config.vocab_size, (2, 48), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_exported_model_gives_our_logits_in_transformers(name, tmp_path):
+    config = CONFIGS[name]
+    model = ours(config)
+    save_hf(model.state_dict(), config, str(tmp_path / 'hf'), torch.float32)
+    with torch.no_grad():
+        difference = (hf_model(tmp_path / 'hf')(tokens(config)).logits - model(tokens(config))).abs().max()
+    assert difference < 1e-5
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_transformers_model_gives_its_logits_in_ours(name, tmp_path):
+    config = CONFIGS[name]
+    export_config = transformers.LlamaConfig(**{k: v for k, v in save_config(config).items()
+                                                if k not in ('architectures', 'torch_dtype')})
+    torch.manual_seed(2)
+    reference = transformers.LlamaForCausalLM(export_config).eval()
+    reference.save_pretrained(tmp_path / 'hf', safe_serialization=True)
+    loaded_config, tensors = load_hf(str(tmp_path / 'hf'))
+    assert dataclasses.replace(loaded_config, attn_impl='auto') == config
+    model = Transformer(loaded_config).eval()
+    load_into(model, tensors)
+    with torch.no_grad():
+        assert (model(tokens(config)) - reference(tokens(config)).logits).abs().max() < 1e-5
+
+
+def save_config(config: LlamaConfig) -> dict:
+    from llmfoundry_ext.checkpoint import hf_config
+    return hf_config(config, torch.float32)
+
+
+def hf_reference(tmp_path, config: LlamaConfig) -> str:
+    """An HF Llama folder with random weights, as transformers writes it."""
+    folder = tmp_path / 'hf-source'
+    export_config = transformers.LlamaConfig(**{k: v for k, v in save_config(config).items()
+                                                if k not in ('architectures', 'torch_dtype')})
+    torch.manual_seed(5)
+    transformers.LlamaForCausalLM(export_config).save_pretrained(folder, safe_serialization=True)
+    return str(folder)
+
+
+def run_config(tiny_config: dict, config: LlamaConfig, **model) -> dict:
+    fields = {k: v for k, v in dataclasses.asdict(config).items() if k != 'attn_impl'}
+    tiny_config['model'] = {**fields, 'max_seq_len': 64, **model}
+    tiny_config['max_duration'] = '2ba'
+    tiny_config['checkpoint']['save_interval'] = '2ba'
+    tiny_config.pop('callbacks')
+    return tiny_config
+
+
+SOURCE = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=512, max_seq_len=64,
+                     rope_theta=500000.0, rope_scaling_factor=8.0, rope_original_max_seq_len=16)
+
+
+def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tmp_path):
+    """from-hf -> init_from -> 2-process FSDP2 run (lr 0: weights kept) -> sharded checkpoint -> to-hf."""
+    source = hf_reference(tmp_path, SOURCE)
+    convert = [sys.executable, 'scripts/convert_checkpoint.py']
+    native = str(tmp_path / 'native')
+    subprocess.run(convert + ['from-hf', source, native], cwd=REPO, check=True, capture_output=True)
+    config = run_config(tiny_config, SOURCE, init_from=native)
+    config['optimizer'] = {'name': 'adamw', 'lr': 0.0, 'weight_decay': 0.0}
+    config['scheduler'] = None
+    yaml_path = write_yaml(config, tmp_path / 'run.yaml')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    subprocess.run([COMPOSER, '-n', '2', 'train.py', yaml_path], cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=600)
+    run_folder = tmp_path / 'checkpoints' / 'tiny'
+    exported = str(tmp_path / 'exported')
+    result = subprocess.run(convert + ['to-hf', str(run_folder), exported, '--dtype', 'float32'], cwd=REPO,
+                            check=True, capture_output=True, text=True)
+    assert result.stdout == f"wrote {exported} from {run_folder / 'ep0-ba2'}\n"
+    original, round_trip = load_file(f'{source}/model.safetensors'), load_file(f'{exported}/model.safetensors')
+    assert sorted(original) == sorted(round_trip)
+    assert all(torch.equal(original[name], round_trip[name]) for name in original)
+
+    ours_from_checkpoint = Transformer(SOURCE).eval()
+    load_into(ours_from_checkpoint, read_composer_model(str(run_folder / 'ep0-ba2')))
+    with torch.no_grad():
+        difference = (hf_model(exported)(tokens(SOURCE)).logits - ours_from_checkpoint(tokens(SOURCE))).abs().max()
+    assert difference < 1e-5
+
+
+def test_trained_monolithic_checkpoint_to_hf_matches_our_logits(tiny_config, tmp_path):
+    from llmfoundry_ext.train import train
+    config = run_config(tiny_config, SOURCE)
+    config['parallelism'] = {'fsdp': None}
+    trainer = train(load(write_yaml(config, tmp_path / 'run.yaml')))
+    trained = trainer.state.model.model.eval()
+    trainer.close()
+    checkpoint = export_to_hf(str(tmp_path / 'checkpoints' / 'tiny'), str(tmp_path / 'hf'), torch.float32)
+    assert checkpoint.endswith('ep0-ba2-rank0.pt')
+    with torch.no_grad():
+        assert (hf_model(tmp_path / 'hf')(tokens(SOURCE)).logits - trained(tokens(SOURCE))).abs().max() < 1e-5
+
+
+def test_new_vocabulary_keeps_every_other_tensor(tiny_config, tmp_path):
+    from llmfoundry_ext.build import build_model
+    source = hf_reference(tmp_path, SOURCE)
+    config = load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, vocab_size=1000,
+                                        init_skip=['embed_tokens', 'lm_head']), tmp_path / 'run.yaml'))
+    model = build_model(config).model
+    _, original = load_hf(source)
+    state = model.state_dict()
+    kept = [name for name in state if name not in ('embed_tokens.weight', 'lm_head.weight')]
+    assert len(kept) == 2 * 9 + 1
+    assert all(torch.equal(state[name], original[name]) for name in kept)
+    assert state['embed_tokens.weight'].shape == (1000, 64) and state['lm_head.weight'].shape == (1000, 64)
+    assert abs(state['embed_tokens.weight'].std().item() - 0.02) < 0.002  # freshly initialised
+    assert not torch.equal(state['embed_tokens.weight'][:512], original['embed_tokens.weight'])
+
+
+def test_weights_of_another_size_name_the_first_mismatching_tensor():
+    small, wide = ours(SOURCE), Transformer(dataclasses.replace(SOURCE, ffn_dim=128))
+    with pytest.raises(CheckpointError) as caught:
+        load_into(wide, small.state_dict())
+    assert str(caught.value) == ('checkpoint tensor layers.0.mlp.gate_proj.weight has shape [96, 64] but the '
+                                 'model expects [128, 64]: it is from another model size or vocabulary')
+
+
+def test_weights_of_another_architecture_name_the_missing_tensor():
+    state = ours(SOURCE).state_dict()
+    state['layers.1.self_attn.qkv_proj.weight'] = state.pop('layers.1.self_attn.q_proj.weight')
+    with pytest.raises(CheckpointError) as caught:
+        load_into(Transformer(SOURCE), state)
+    assert str(caught.value) == ('checkpoint has no tensor layers.1.self_attn.q_proj.weight (shape [64, 64]) that '
+                                 'the model expects: it is from another architecture')
+
+
+def test_init_from_another_shape_is_a_config_error(tiny_config, tmp_path):
+    source = hf_reference(tmp_path, SOURCE)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, ffn_dim=128), tmp_path / 'run.yaml'))
+    assert str(caught.value) == f'model.ffn_dim: 128 but the weights in {source} have 96; set model.ffn_dim=96'
+
+
+def test_non_llama_and_pickled_checkpoints_are_refused(tmp_path):
+    (tmp_path / 'gpt2').mkdir()
+    (tmp_path / 'gpt2' / 'config.json').write_text(json.dumps({'model_type': 'gpt2'}))
+    result = subprocess.run([sys.executable, 'scripts/convert_checkpoint.py', 'from-hf', str(tmp_path / 'gpt2'),
+                             str(tmp_path / 'out')], cwd=REPO, capture_output=True, text=True)
+    assert (result.returncode, result.stderr) == (
+        2, "error: config.json: model_type is 'gpt2', not 'llama'; only Llama checkpoints convert\n")
+    (tmp_path / 'bin').mkdir()
+    (tmp_path / 'bin' / 'config.json').write_text(json.dumps(save_config(SOURCE)))
+    torch.save({}, tmp_path / 'bin' / 'pytorch_model.bin')
+    with pytest.raises(CheckpointError, match='no .safetensors files; only safetensors are loaded'):
+        import_from_hf(str(tmp_path / 'bin'), str(tmp_path / 'out'))
