@@ -1,12 +1,12 @@
 """Tokenize documents, append EOS, pack into fixed windows, and write MDS shards with a manifest."""
 import json
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 from streaming import MDSWriter
 
+from llmfoundry_ext.atomic import atomic_folder
 from llmfoundry_ext.data.manifest import MANIFEST
 
 TOKENS_COLUMN = {'tokens': 'ndarray:uint32'}
@@ -43,16 +43,13 @@ def wrap(encodings, eos_id: int, bos_id: int | None) -> Iterator[list[int]]:
 
 def write_mds(out: str, windows: Iterable[np.ndarray], manifest: dict) -> dict:
     """Write windows as MDS (zstd) into ``out``, atomically: built in ``out.partial``, then renamed."""
-    partial = out.rstrip('/') + '.partial'
-    shutil.rmtree(partial, ignore_errors=True)
-    count = 0
-    with MDSWriter(out=partial, columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb') as writer:
-        for window in windows:
-            writer.write({'tokens': window})
-            count += 1
-    manifest = {**manifest, 'windows': count, 'tokens': count * manifest['window']}
-    with open(os.path.join(partial, MANIFEST), 'w') as file:
-        json.dump(manifest, file, indent=2)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(partial, out)
+    with atomic_folder(out) as partial:
+        count = 0
+        with MDSWriter(out=partial, columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb') as writer:
+            for window in windows:
+                writer.write({'tokens': window})
+                count += 1
+        manifest = {**manifest, 'windows': count, 'tokens': count * manifest['window']}
+        with open(os.path.join(partial, MANIFEST), 'w') as file:
+            json.dump(manifest, file, indent=2)
     return manifest

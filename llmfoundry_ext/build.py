@@ -10,6 +10,7 @@ from llmfoundry_ext.checkpoint import load_into, load_weights_folder
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LlamaLM
+from llmfoundry_ext.model.llama import Transformer
 
 
 def build_model(config: TrainConfig) -> LlamaLM:
@@ -17,7 +18,8 @@ def build_model(config: TrainConfig) -> LlamaLM:
     loaded from ``model.init_from`` but for the ``init_skip`` tensors, which keep their fresh init."""
     init_device = resolve_init_device(config)
     with torch.device(init_device):
-        model = LlamaLM(config.model.llama())
+        transformer = Transformer(config.model.llama())
+    model = LlamaLM(transformer)
     if init_device == 'meta':
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
         return model

@@ -10,6 +10,7 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
+from llmfoundry_ext.atomic import atomic_folder
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 NATIVE_CONFIG = 'llama_config.json'   # a from-hf folder: our LlamaConfig + model.safetensors in our names
@@ -49,22 +50,24 @@ def hf_config(config: LlamaConfig, dtype: torch.dtype) -> dict:
 
 
 def llama_config_from_hf(hf: dict) -> LlamaConfig:
-    """Our LlamaConfig from an HF config.json; anything but a Llama architecture is refused."""
+    """Our LlamaConfig from an HF config.json (transformers 4's rope_theta/rope_scaling or 5's rope_parameters)."""
     if hf.get('model_type') != 'llama':
         raise CheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, not 'llama'; only Llama "
                               f"checkpoints convert")
-    scaling = hf.get('rope_scaling') or {}
-    if scaling and scaling.get('rope_type', scaling.get('type')) != 'llama3':
-        raise CheckpointError(f"config.json: rope_scaling type {scaling.get('rope_type')!r} is not supported "
-                              f"(only 'llama3')")
+    rope = {**(hf.get('rope_parameters') or {}), **(hf.get('rope_scaling') or {})}
+    rope_type = rope.get('rope_type', rope.get('type', 'default'))
+    if rope_type not in ('default', 'llama3'):
+        raise CheckpointError(f"config.json: rope type {rope_type!r} is not supported (only 'default' and 'llama3')")
+    scaled = rope_type == 'llama3'
     return LlamaConfig(
         dim=hf['hidden_size'], n_layers=hf['num_hidden_layers'], n_heads=hf['num_attention_heads'],
         n_kv_heads=hf.get('num_key_value_heads', hf['num_attention_heads']), ffn_dim=hf['intermediate_size'],
-        vocab_size=hf['vocab_size'], norm_eps=hf['rms_norm_eps'], rope_theta=hf.get('rope_theta', 10000.0),
-        rope_scaling_factor=scaling.get('factor', 1.0),
-        rope_low_freq_factor=scaling.get('low_freq_factor', 1.0),
-        rope_high_freq_factor=scaling.get('high_freq_factor', 4.0),
-        rope_original_max_seq_len=scaling.get('original_max_position_embeddings', 8192),
+        vocab_size=hf['vocab_size'], norm_eps=hf['rms_norm_eps'],
+        rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+        rope_scaling_factor=rope['factor'] if scaled else 1.0,
+        rope_low_freq_factor=rope['low_freq_factor'] if scaled else 1.0,
+        rope_high_freq_factor=rope['high_freq_factor'] if scaled else 4.0,
+        rope_original_max_seq_len=rope['original_max_position_embeddings'] if scaled else 8192,
         max_seq_len=hf.get('max_position_embeddings', 8192), tie_embeddings=hf.get('tie_word_embeddings', False))
 
 
@@ -140,18 +143,14 @@ def load_into(model: Transformer, tensors: dict[str, torch.Tensor], skip: tuple[
 def save_hf(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str, dtype: torch.dtype,
             tokenizer: str | None = None) -> None:
     """Write an HF Llama folder (config.json, model.safetensors, tokenizer files), atomically."""
-    partial = out.rstrip('/') + '.partial'
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
     hf_tensors = {to_hf_name(k): v.to(dtype).contiguous() for k, v in tensors.items()
                   if not (config.tie_embeddings and k == 'lm_head.weight')}
-    save_file(hf_tensors, os.path.join(partial, 'model.safetensors'), metadata={'format': 'pt'})
-    with open(os.path.join(partial, HF_CONFIG), 'w') as file:
-        json.dump(hf_config(config, dtype), file, indent=2)
-    if tokenizer:
-        write_hf_tokenizer(tokenizer, partial)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(partial, out)
+    with atomic_folder(out) as partial:
+        save_file(hf_tensors, os.path.join(partial, 'model.safetensors'), metadata={'format': 'pt'})
+        with open(os.path.join(partial, HF_CONFIG), 'w') as file:
+            json.dump(hf_config(config, dtype), file, indent=2)
+        if tokenizer:
+            write_hf_tokenizer(tokenizer, partial)
 
 
 def write_hf_tokenizer(tokenizer: str, folder: str) -> None:
@@ -168,14 +167,10 @@ def write_hf_tokenizer(tokenizer: str, folder: str) -> None:
 
 def save_native(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str) -> None:
     """Our names + our config (what ``model.init_from`` reads fastest), atomically."""
-    partial = out.rstrip('/') + '.partial'
-    shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(partial, 'model.safetensors'))
-    with open(os.path.join(partial, NATIVE_CONFIG), 'w') as file:
-        json.dump(config.__dict__, file, indent=2)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(partial, out)
+    with atomic_folder(out) as partial:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(partial, 'model.safetensors'))
+        with open(os.path.join(partial, NATIVE_CONFIG), 'w') as file:
+            json.dump(config.__dict__, file, indent=2)
 
 
 def read_composer_model(path: str) -> dict[str, torch.Tensor]:

@@ -9,6 +9,8 @@ import time
 
 from omegaconf import OmegaConf
 
+from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+
 DEMO_YAML = 'yamls/demo.yaml'
 VOCAB_SIZE = 8000
 QUEUE_LIMIT_BATCHES = 60  # the first run stops here, as a job at its queue limit would
@@ -64,7 +66,17 @@ def main() -> int:
     else:
         print('\n== a checkpoint exists: the same command autoresumes ==', flush=True)
     launch([])
+    print(loss_curve(checkpoints), flush=True)
     return 0
+
+
+def loss_curve(run_folder: str, block: int = 20) -> str:
+    """Rank 0's mean loss per block of batches, over every invocation of the run (from its sample ledger)."""
+    ledger = read_ledger(os.path.join(run_folder, 'ledger-rank0.jsonl'))
+    batches = sorted(ledger)
+    blocks = [batches[i:i + block] for i in range(0, len(batches), block)]
+    means = [f'{part[0]}-{part[-1]}: {sum(ledger[b]["loss"] for b in part) / len(part):.2f}' for part in blocks]
+    return f'\nloss (rank 0, mean per {block} batches)  ' + ' | '.join(means)
 
 
 if __name__ == '__main__':

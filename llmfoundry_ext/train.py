@@ -39,9 +39,15 @@ def train(config: TrainConfig):
 
     reproducibility.seed_all(config.seed)
     trainer = build_trainer(config)
+    complete = trainer.state.get_elapsed_duration() >= 1
     if dist.get_global_rank() == 0:
         print(start_summary(config, trainer), flush=True)
         write_resolved_config(config)
+    if complete:
+        if dist.get_global_rank() == 0:
+            print(f'run {config.run_name} is already complete ({config.max_duration}); nothing to train. '
+                  f'Raise max_duration to train further.', flush=True)
+        return trainer
     trainer.fit()
     if dist.get_global_rank() == 0:
         print(end_summary(config, trainer), flush=True)
@@ -95,9 +101,10 @@ def end_summary(config: TrainConfig, trainer) -> str:
     history = logged_history(trainer)
     losses = history.get('loss/train/total')
     if losses:
-        (first_time, first), (last_time, last) = losses[0], losses[-1]
-        lines.append(f'  loss {float(first):.3f} at batch {int(first_time.batch) + 1} -> {float(last):.3f} '
-                     f'at batch {int(last_time.batch) + 1}')
+        window = losses[:10], losses[-10:]
+        first, last = (sum(float(loss) for _, loss in part) / len(part) for part in window)
+        batches = [f'{int(part[0][0].batch) + 1}-{int(part[-1][0].batch) + 1}' for part in window]
+        lines.append(f'  loss {first:.3f} (mean of batches {batches[0]}) -> {last:.3f} (batches {batches[1]})')
     speeds = history.get('throughput/tokens_per_sec')
     if speeds:
         lines.append(f'  {float(speeds[-1][1]):,.0f} tokens/s over the last batches')

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny MDS datasets and YAML files; the ``gpu`` marker skips without a GPU."""
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -10,7 +11,7 @@ import yaml
 from data_prep.packing import write_mds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COMPOSER = os.path.join(os.path.dirname(sys.executable), 'composer')  # the launcher of this virtualenv
+COMPOSER = shutil.which('composer', path=os.path.dirname(sys.executable)) or shutil.which('composer')
 
 
 def pytest_configure(config):

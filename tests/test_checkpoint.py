@@ -10,8 +10,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, import_from_hf, load_hf, load_into,
-                                       read_composer_model, save_hf)
+from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, hf_config, import_from_hf, load_hf,
+                                       load_into, read_composer_model, save_hf)
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from tests.conftest import COMPOSER, REPO, write_yaml
@@ -57,10 +57,7 @@ def test_exported_model_gives_our_logits_in_transformers(name, tmp_path):
 @pytest.mark.parametrize('name', CONFIGS)
 def test_transformers_model_gives_its_logits_in_ours(name, tmp_path):
     config = CONFIGS[name]
-    export_config = transformers.LlamaConfig(**{k: v for k, v in save_config(config).items()
-                                                if k not in ('architectures', 'torch_dtype')})
-    torch.manual_seed(2)
-    reference = transformers.LlamaForCausalLM(export_config).eval()
+    reference = transformers_model(config, tmp_path, seed=2).eval()
     reference.save_pretrained(tmp_path / 'hf', safe_serialization=True)
     loaded_config, tensors = load_hf(str(tmp_path / 'hf'))
     assert dataclasses.replace(loaded_config, attn_impl='auto') == config
@@ -71,17 +68,21 @@ def test_transformers_model_gives_its_logits_in_ours(name, tmp_path):
 
 
 def save_config(config: LlamaConfig) -> dict:
-    from llmfoundry_ext.checkpoint import hf_config
     return hf_config(config, torch.float32)
+
+
+def transformers_model(config: LlamaConfig, tmp_path, seed: int) -> transformers.LlamaForCausalLM:
+    """transformers' own LlamaForCausalLM, randomly initialised, its config read by AutoConfig (any version)."""
+    (tmp_path / 'hf-config').mkdir(exist_ok=True)
+    (tmp_path / 'hf-config' / 'config.json').write_text(json.dumps(save_config(config)))
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.AutoConfig.from_pretrained(tmp_path / 'hf-config'))
 
 
 def hf_reference(tmp_path, config: LlamaConfig) -> str:
     """An HF Llama folder with random weights, as transformers writes it."""
     folder = tmp_path / 'hf-source'
-    export_config = transformers.LlamaConfig(**{k: v for k, v in save_config(config).items()
-                                                if k not in ('architectures', 'torch_dtype')})
-    torch.manual_seed(5)
-    transformers.LlamaForCausalLM(export_config).save_pretrained(folder, safe_serialization=True)
+    transformers_model(config, tmp_path, seed=5).save_pretrained(folder, safe_serialization=True)
     return str(folder)
 
 
@@ -192,3 +193,15 @@ def test_non_llama_and_pickled_checkpoints_are_refused(tmp_path):
     torch.save({}, tmp_path / 'bin' / 'pytorch_model.bin')
     with pytest.raises(CheckpointError, match='no .safetensors files; only safetensors are loaded'):
         import_from_hf(str(tmp_path / 'bin'), str(tmp_path / 'out'))
+
+
+def test_rope_settings_read_from_transformers_4_and_5_config_formats():
+    from llmfoundry_ext.checkpoint import llama_config_from_hf
+    base = {k: v for k, v in save_config(SOURCE).items() if k not in ('rope_theta', 'rope_scaling')}
+    llama3 = {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
+              'original_max_position_embeddings': 16}
+    version_4 = llama_config_from_hf({**base, 'rope_theta': 500000.0, 'rope_scaling': llama3})
+    version_5 = llama_config_from_hf({**base, 'rope_parameters': {**llama3, 'rope_theta': 500000.0}})
+    assert version_4 == version_5 == dataclasses.replace(SOURCE, attn_impl='auto')
+    plain = llama_config_from_hf({**base, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000.0}})
+    assert (plain.rope_theta, plain.rope_scaling_factor) == (10000.0, 1.0)

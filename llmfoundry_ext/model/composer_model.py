@@ -4,20 +4,21 @@ import torch.nn.functional as F
 from composer.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from composer.models import ComposerModel
 
-from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from llmfoundry_ext.model.llama import Transformer
 
 
 class LlamaLM(ComposerModel):
     """Batches {'input_ids' [B, S], 'labels' [B, S] with -100 = ignore} -> logits and a token-mean loss.
 
     Labels are aligned with positions (the collator shifts them for causal LM), so the same loss serves
-    masked LM. The Transformer is the only child, as Composer's FSDP2 policy expects.
+    masked LM. The Transformer is the only child, as Composer's FSDP2 policy expects; it may be on
+    ``meta`` (the metrics are built here, on the CPU).
     """
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, model: Transformer):
         super().__init__()
-        self.config = config
-        self.model = Transformer(config)
+        self.config = model.config
+        self.model = model
         self.train_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy()}
         self.eval_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy(),
                              'LanguagePerplexity': LanguagePerplexity()}

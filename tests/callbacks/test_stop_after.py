@@ -22,3 +22,9 @@ def test_stop_after_saves_and_the_rerun_resumes(tiny_config, tmp_path, capsys):
     output = capsys.readouterr().out
     assert 'starting from scratch (no checkpoint found)' in output
     assert 'autoresume: resuming from the latest checkpoint at batch 4' in output
+
+    third = train(load(path))  # a finished run re-submitted: nothing to do, and no error
+    assert int(third.state.timestamp.batch) == 6
+    third.close()
+    assert 'run tiny is already complete (6ba); nothing to train. Raise max_duration to train further.' in \
+        capsys.readouterr().out
