@@ -246,6 +246,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f'model.attn_impl: {error}') from None
     if config.precision not in PRECISIONS:
         raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
+    if config.checkpoint.autoresume and not config.checkpoint.save_folder:
+        raise ConfigError('checkpoint.autoresume: needs checkpoint.save_folder to resume from; set a save_folder '
+                          'or checkpoint.autoresume=false')
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
     for split in ('train', 'eval'):

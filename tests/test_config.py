@@ -90,6 +90,9 @@ BAD_CONFIGS = [
      "model.attn_impl: attn_impl 'fast' is unknown; choose one of auto, sdpa, eager, flash"),
     (change('parallelism.fsdp.reshard', True),
      "parallelism.fsdp.reshard: unknown key; did you mean 'reshard_after_forward'?"),
+    (change('checkpoint.save_folder', None),
+     'checkpoint.autoresume: needs checkpoint.save_folder to resume from; set a save_folder or '
+     'checkpoint.autoresume=false'),
     (change('data.train.streams', []),
      'data.train.streams: expected a mapping, got list []'),
 ]

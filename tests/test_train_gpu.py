@@ -6,39 +6,42 @@ import pytest
 import torch
 
 from data_prep.packing import write_mds
-from llmfoundry_ext.build import resolve_init_device
+from llmfoundry_ext.build import build_trainer, resolve_init_device
 from llmfoundry_ext.config import load
 from llmfoundry_ext.model.attention import attend
-from llmfoundry_ext.train import logged_history, train
+from llmfoundry_ext.train import logged_history
 from tests.conftest import write_yaml
 
 pytestmark = pytest.mark.gpu
 
 
-def repeated_patterns(count: int, window: int, vocab: int) -> list[np.ndarray]:
-    """Windows made of one random 8-token pattern repeated: learnable by attention (induction)."""
+def repeated_patterns(count: int, window: int, vocab: int, period: int = 4) -> list[np.ndarray]:
+    """Windows of one random ``period``-token pattern repeated: all but the first period is predictable by
+    attention (induction), so the loss can fall from ln(vocab) to about period / window x ln(vocab)."""
     rng = np.random.default_rng(0)
-    return [np.tile(rng.integers(2, vocab, 8, dtype=np.uint32), window // 8) for _ in range(count)]
+    return [np.tile(rng.integers(2, vocab, period, dtype=np.uint32), window // period) for _ in range(count)]
 
 
 def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path):
-    write_mds(str(tmp_path / 'patterns'), repeated_patterns(800, 32, 512), {'source': 'test', 'window': 32})
+    write_mds(str(tmp_path / 'patterns'), repeated_patterns(4000, 32, 512), {'source': 'test', 'window': 32})
     tiny_config['data']['train']['streams'] = {'patterns': {'local': str(tmp_path / 'patterns')}}
-    tiny_config.update(precision='amp_bf16', max_duration='30ba', loggers={'in_memory': {}})
+    tiny_config.update(precision='amp_bf16', max_duration='200ba', global_batch_size=32, scheduler=None,
+                       loggers={'in_memory': {}})
+    tiny_config['model']['dim'] = 128
     tiny_config['optimizer']['lr'] = 3e-3
     tiny_config['callbacks'] = {}
     config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
     assert resolve_init_device(config) == 'meta'
 
-    trainer = train(config)
-    model = trainer.state.model.model
-    down_proj = model.layers[0].mlp.down_proj.weight
+    trainer = build_trainer(config)  # shards with FSDP2, then materialises and initialises each shard
+    down_proj = trainer.state.model.model.layers[0].mlp.down_proj.weight
     assert type(down_proj).__name__ == 'DTensor' and down_proj.device.type == 'cuda'
     std = down_proj.full_tensor().float().std().item()
-    assert abs(std - 0.02 / math.sqrt(2 * 2)) < 0.002  # our depth-scaled init, applied after sharding
+    assert abs(std - 0.02 / math.sqrt(2 * 2)) < 0.001  # our depth-scaled init, not to_empty's garbage
+    trainer.fit()
     losses = [float(value) for _, value in logged_history(trainer)['loss/train/total']]
     trainer.close()
-    assert losses[0] > 6.0 and losses[-1] < 1.0
+    assert losses[0] > 6.0 and sum(losses[-10:]) / 10 < 2.5  # fp32 on CPU: 6.3 -> 1.4 in 200 batches
 
 
 @pytest.mark.parametrize('causal', [True, False])
