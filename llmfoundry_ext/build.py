@@ -7,7 +7,8 @@ from composer.utils import FSDP2Config, dist
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.checkpoint import load_into, load_weights_folder
-from llmfoundry_ext.config import TrainConfig
+from llmfoundry_ext.config import TrainConfig, eos_token_id, mask_token_id
+from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LlamaLM
 from llmfoundry_ext.model.llama import Transformer
@@ -49,7 +50,16 @@ def build_named(kind: str, entries: dict) -> list:
     return [registry.build(kind, name, kwargs or {}) for name, kwargs in entries.items()]
 
 
-def build_trainer(config: TrainConfig) -> Trainer:
+def build_collator(config: TrainConfig) -> Collator:
+    objective = config.objective
+    return Collator(
+        max_seq_len=config.max_seq_len, objective=objective.name, seed=config.seed,
+        eos_id=eos_token_id(config) if config.data.document_masking else None,
+        mask_probability=objective.mask_probability,
+        mask_token_id=mask_token_id(config) if objective.name == 'mlm' else None)
+
+
+def build_trainer(config: TrainConfig, device=None) -> Trainer:
     model = build_model(config)
     optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
     optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
@@ -57,14 +67,16 @@ def build_trainer(config: TrainConfig) -> Trainer:
     if config.scheduler is not None:
         schedulers.append(registry.build('scheduler', *registry.named_entries(config.scheduler, 'scheduler')))
     data = config.data
+    collator = build_collator(config)
     eval_dataloader = None
     if data.eval is not None:
-        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, config.max_seq_len)
+        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator)
     checkpoint = config.checkpoint
     return Trainer(
         run_name=config.run_name,
+        device=device,
         model=model,
-        train_dataloader=build_dataloader(data.train, config.device_batch_size, config.max_seq_len),
+        train_dataloader=build_dataloader(data.train, config.device_batch_size, collator),
         eval_dataloader=eval_dataloader,
         eval_interval=config.eval_interval if eval_dataloader else 1,
         eval_subset_num_batches=config.eval_subset_num_batches,

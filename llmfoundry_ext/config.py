@@ -53,6 +53,7 @@ class LoaderConfig:
     shuffle_seed: int = 9176
     shuffle_algo: str = 'py1e'
     num_canonical_nodes: Optional[int] = None
+    epoch_size: Optional[int] = None  # samples per epoch (default: all samples of the streams, once)
     num_workers: int = 0
     prefetch_factor: Optional[int] = None
     drop_last: bool = True
@@ -62,7 +63,19 @@ class LoaderConfig:
 class DataConfig:
     train: LoaderConfig
     eval: Optional[LoaderConfig] = None
-    tokenizer: Optional[str] = None  # folder or HF name; its vocabulary must fit model.vocab_size
+    tokenizer: Optional[str] = None  # folder with tokenizer.json; its vocabulary must fit model.vocab_size
+    document_masking: bool = False   # attention stays within documents (split at EOS); adds position_ids
+    eos_token: str = '<|end_of_text|>'
+    eos_token_id: Optional[int] = None  # None: eos_token looked up in the tokenizer
+
+
+@dataclass
+class ObjectiveConfig:
+    """clm: next-token prediction; mlm: predict the tokens replaced by the mask token (bidirectional)."""
+    name: str = 'clm'
+    mask_probability: float = 0.3
+    mask_token: str = '<|reserved_special_token_100|>'
+    mask_token_id: Optional[int] = None  # None: mask_token looked up in data.tokenizer
 
 
 @dataclass
@@ -100,6 +113,7 @@ class TrainConfig:
     optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})
     scheduler: Optional[dict[str, Any]] = field(
         default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     precision: str = 'amp_bf16'
     seed: int = 17
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -240,6 +254,7 @@ def validate(config: TrainConfig) -> None:
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
     check_init_from(config.model)
+    check_objective(config)
     try:
         check_backend(config.model.attn_impl)
     except BackendUnavailableError as error:
@@ -294,6 +309,51 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
                           f'raise model.max_seq_len or shorten max_seq_len')
     if model.init_device not in ('auto', 'meta', 'cpu', 'cuda'):
         raise ConfigError(f"model.init_device: '{model.init_device}' is not one of auto, meta, cpu, cuda")
+
+
+def check_objective(config: TrainConfig) -> None:
+    objective = config.objective
+    if objective.name not in ('clm', 'mlm'):
+        raise ConfigError(f"objective.name: '{objective.name}' is not one of clm, mlm")
+    if objective.name == 'clm' and not config.model.causal:
+        raise ConfigError('model.causal: false lets every position see its label under objective clm; '
+                          'set model.causal=true or objective.name=mlm')
+    if objective.name == 'mlm':
+        if config.model.causal:
+            raise ConfigError('model.causal: masked LM needs bidirectional attention; set model.causal=false')
+        if not 0 < objective.mask_probability < 1:
+            raise ConfigError(f'objective.mask_probability: must be between 0 and 1, got '
+                              f'{objective.mask_probability}')
+        mask_token_id(config)
+    if config.data.document_masking:
+        eos_token_id(config)
+        from llmfoundry_ext.model.attention import MASKING_BACKENDS
+        if config.model.attn_impl not in MASKING_BACKENDS:
+            raise ConfigError(f"model.attn_impl: '{config.model.attn_impl}' cannot mask attention by document yet; "
+                              f"use one of {', '.join(MASKING_BACKENDS)} or data.document_masking=false")
+
+
+def token_id(config: TrainConfig, token: str, given: Optional[int], key: str) -> int:
+    """``given`` if set, else ``token`` looked up in data.tokenizer; checked against the vocabulary."""
+    if given is None:
+        if config.data.tokenizer is None:
+            raise ConfigError(f'{key}: not set and no data.tokenizer to look up {token!r} in; set one of them')
+        from tokenizers import Tokenizer
+        given = Tokenizer.from_file(tokenizer_file(config.data.tokenizer)).token_to_id(token)
+        if given is None:
+            raise ConfigError(f'{key}: data.tokenizer has no token {token!r}; set {key} to the id to use')
+    if not 0 <= given < config.model.vocab_size:
+        raise ConfigError(f'{key}: {given} is outside the vocabulary (model.vocab_size {config.model.vocab_size})')
+    return given
+
+
+def mask_token_id(config: TrainConfig) -> int:
+    objective = config.objective
+    return token_id(config, objective.mask_token, objective.mask_token_id, 'objective.mask_token_id')
+
+
+def eos_token_id(config: TrainConfig) -> int:
+    return token_id(config, config.data.eos_token, config.data.eos_token_id, 'data.eos_token_id')
 
 
 def check_init_from(model: ModelConfig) -> None:

@@ -7,7 +7,9 @@ import torch
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.config import ConfigError, TrainConfig, load, world_size
+from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 
+DIST_TIMEOUT_SECONDS = 300.0
 USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
 
 
@@ -33,15 +35,25 @@ def check_hardware(config: TrainConfig) -> None:
 
 def train(config: TrainConfig):
     """Build everything from the config, print the start summary, fit, and return the Trainer."""
-    from composer.utils import dist, reproducibility
+    from composer.utils import dist, get_device, reproducibility
 
     from llmfoundry_ext.build import build_trainer
 
     reproducibility.seed_all(config.seed)
-    trainer = build_trainer(config)
+    device = get_device(None)
+    dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
+    if dist.get_local_rank() == 0:
+        removed = remove_stale_streaming_state()
+        if removed:
+            print(f"removed streaming shared memory left by crashed runs: prefixes {', '.join(removed)}", flush=True)
+    dist.barrier()
+    trainer = build_trainer(config, device)
     complete = trainer.state.get_elapsed_duration() >= 1
     if dist.get_global_rank() == 0:
         print(start_summary(config, trainer), flush=True)
+        if int(trainer.state.timestamp.batch):
+            for warning in data_order_changes(config):
+                print(warning, flush=True)
         write_resolved_config(config)
     if complete:
         if dist.get_global_rank() == 0:
@@ -69,6 +81,32 @@ def write_resolved_config(config: TrainConfig) -> None:
     with open(path + '.tmp', 'w') as file:
         file.write(OmegaConf.to_yaml(dataclasses.asdict(config)))
     os.replace(path + '.tmp', path)
+
+
+ORDER_KEYS = ('seed', 'global_batch_size', 'max_seq_len', 'objective', 'data.document_masking', 'data.train.streams',
+              'data.train.shuffle', 'data.train.shuffle_seed', 'data.train.shuffle_algo',
+              'data.train.num_canonical_nodes')
+
+
+def data_order_changes(config: TrainConfig) -> list[str]:
+    """Warnings for each setting that decides the sample order and differs from the checkpointed run's."""
+    path = os.path.join(checkpoint_folder(config) or '', 'config.yaml')
+    if not os.path.isfile(path):
+        return []
+    before, now = OmegaConf.load(path), OmegaConf.create(dataclasses.asdict(config))
+    warnings = []
+    for key in ORDER_KEYS:
+        old, new = OmegaConf.select(before, key), OmegaConf.select(now, key)
+        if old != new:
+            warnings.append(f'warning: {key} changed since the checkpointed run ({to_text(old)} -> {to_text(new)}): '
+                            f'the sample order will not continue exactly where it stopped')
+    return warnings
+
+
+def to_text(value) -> str:
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value)
+    return str(value)
 
 
 def start_summary(config: TrainConfig, trainer) -> str:

@@ -40,6 +40,13 @@ def change(path: str, value):
     return apply
 
 
+def changes(*pairs):
+    def apply(config: dict):
+        for path, value in pairs:
+            change(path, value)(config)
+    return apply
+
+
 BAD_CONFIGS = [
     (change('global_batch', 8),
      "global_batch: unknown key; did you mean 'global_batch_size'?"),
@@ -93,6 +100,20 @@ BAD_CONFIGS = [
     (change('checkpoint.save_folder', None),
      'checkpoint.autoresume: needs checkpoint.save_folder to resume from; set a save_folder or '
      'checkpoint.autoresume=false'),
+    (change('objective.name', 'bert'),
+     "objective.name: 'bert' is not one of clm, mlm"),
+    (change('model.causal', False),
+     'model.causal: false lets every position see its label under objective clm; set model.causal=true or '
+     'objective.name=mlm'),
+    (change('objective.name', 'mlm'),
+     'model.causal: masked LM needs bidirectional attention; set model.causal=false'),
+    (changes(('objective.name', 'mlm'), ('model.causal', False)),
+     "objective.mask_token_id: not set and no data.tokenizer to look up '<|reserved_special_token_100|>' in; "
+     "set one of them"),
+    (changes(('objective.name', 'mlm'), ('model.causal', False), ('objective.mask_token_id', 512)),
+     'objective.mask_token_id: 512 is outside the vocabulary (model.vocab_size 512)'),
+    (change('data.document_masking', True),
+     "data.eos_token_id: not set and no data.tokenizer to look up '<|end_of_text|>' in; set one of them"),
     (change('data.train.streams', []),
      'data.train.streams: expected a mapping, got list []'),
 ]

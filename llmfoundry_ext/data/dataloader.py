@@ -3,14 +3,13 @@
 The StreamingDataLoader's position is saved in every Composer checkpoint and restored on autoresume,
 so the sample order after a restart equals the uninterrupted run's.
 """
-import functools
-
 import numpy as np
 import torch
 from composer.core import DataSpec
 from streaming import Stream, StreamingDataLoader, StreamingDataset
 
 from llmfoundry_ext.config import LoaderConfig
+from llmfoundry_ext.data.collate import Collator
 
 
 class TokenWindows(StreamingDataset):
@@ -21,33 +20,19 @@ class TokenWindows(StreamingDataset):
         return {'tokens': torch.from_numpy(tokens.astype(np.int64)), 'sample_id': index}
 
 
-def collate_causal_lm(samples: list[dict], max_seq_len: int) -> dict:
-    """Stack windows to input_ids [B, S]; labels [B, S] are the next tokens, -100 at the last position."""
-    short = [len(s['tokens']) for s in samples if len(s['tokens']) < max_seq_len]
-    if short:
-        raise ValueError(f'a sample has {short[0]} tokens, fewer than max_seq_len {max_seq_len}: convert the data '
-                         f'with --concat-tokens >= {max_seq_len} or lower max_seq_len')
-    input_ids = torch.stack([s['tokens'][:max_seq_len] for s in samples])
-    labels = torch.full_like(input_ids, -100)
-    labels[:, :-1] = input_ids[:, 1:]
-    sample_ids = torch.tensor([s['sample_id'] for s in samples], dtype=torch.int64)
-    return {'input_ids': input_ids, 'labels': labels, 'sample_ids': sample_ids}
-
-
 def build_dataset(loader: LoaderConfig, device_batch_size: int) -> TokenWindows:
     streams = [Stream(local=s.local, remote=s.remote, proportion=s.proportion, repeat=s.repeat, choose=s.choose)
                for s in loader.streams.values()]
     return TokenWindows(streams=streams, batch_size=device_batch_size, shuffle=loader.shuffle,
                         shuffle_seed=loader.shuffle_seed, shuffle_algo=loader.shuffle_algo,
-                        num_canonical_nodes=loader.num_canonical_nodes)
+                        num_canonical_nodes=loader.num_canonical_nodes, epoch_size=loader.epoch_size)
 
 
-def build_dataloader(loader: LoaderConfig, device_batch_size: int, max_seq_len: int) -> DataSpec:
+def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Collator) -> DataSpec:
     """A DataSpec whose token count per batch feeds Composer's token-based durations and SpeedMonitor."""
     dataset = build_dataset(loader, device_batch_size)
     dataloader = StreamingDataLoader(
         dataset, batch_size=device_batch_size, num_workers=loader.num_workers, drop_last=loader.drop_last,
         prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.num_workers > 0,
-        collate_fn=functools.partial(collate_causal_lm, max_seq_len=max_seq_len))
+        persistent_workers=loader.num_workers > 0, collate_fn=collator)
     return DataSpec(dataloader, get_num_tokens_in_batch=lambda batch: batch['input_ids'].numel())

@@ -1,6 +1,7 @@
-"""Attention backends behind one call: ``attend(q, k, v, causal, impl)``.
+"""Attention backends behind one call: ``attend(q, k, v, causal, impl, document_ids)``.
 
-q [B, H, S, D]; k, v [B, K, S, D] with H a multiple of K (grouped-query attention).
+q [B, H, S, D]; k, v [B, K, S, D] with H a multiple of K (grouped-query attention). ``document_ids`` [B, S]
+(optional) keeps attention within each packed document.
 """
 import importlib.util
 
@@ -24,27 +25,41 @@ def check_backend(impl: str) -> None:
             "pip install 'llmfoundry_ext[gpu]' (or the ROCm build on AMD), or set model.attn_impl=auto")
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, impl: str = 'auto') -> torch.Tensor:
+MASKING_BACKENDS = ('auto', 'sdpa', 'eager')  # those that take document_ids
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, impl: str = 'auto',
+           document_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Scaled dot-product attention; returns [B, H, S, D]."""
     if impl in ('auto', 'sdpa'):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+        if document_ids is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed(document_ids, causal),
+                                              enable_gqa=k.shape[1] != q.shape[1])
     if impl == 'eager':
-        return eager_attention(q, k, v, causal)
+        return eager_attention(q, k, v, causal, document_ids)
     if impl == 'flash':
         return flash_attention(q, k, v, causal)
     check_backend(impl)
     raise AssertionError(impl)
 
 
-def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+def allowed(document_ids: torch.Tensor | None, causal: bool, seq_len: int = 0, device=None) -> torch.Tensor:
+    """[B or 1, 1, S, S] bool: query i may attend key j (same document, and j <= i if causal)."""
+    if document_ids is None:
+        mask = torch.ones(1, 1, seq_len, seq_len, dtype=torch.bool, device=device)
+    else:
+        mask = (document_ids.unsqueeze(-1) == document_ids.unsqueeze(-2)).unsqueeze(1)
+    return mask.tril() if causal else mask
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    document_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Reference: softmax(q k^T / sqrt(D)) v in fp32, with key/value heads repeated for GQA."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = (q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
-    if causal:
-        seq_len = q.shape[2]
-        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float('-inf'))
+    scores = scores.masked_fill(~allowed(document_ids, causal, q.shape[2], q.device), float('-inf'))
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 

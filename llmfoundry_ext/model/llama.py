@@ -139,14 +139,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
         self.o_proj.init_std = residual_init_std(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
         batch, seq_len, _ = x.shape
         head_dim = self.config.head_dim
         q = self.q_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(q, k, v, causal=self.config.causal, impl=self.config.attn_impl)
+        out = attend(q, k, v, self.config.causal, self.config.attn_impl, document_ids)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
@@ -172,8 +173,9 @@ class TransformerBlock(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, document_ids)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -197,13 +199,19 @@ class Transformer(nn.Module):
         return self.lm_head(self.hidden_states(input_ids, position_ids))
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer)."""
+        """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer).
+
+        Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document.
+        """
+        document_ids = None
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        else:
+            document_ids = (position_ids == 0).cumsum(-1)
         cos, sin = self.rope_tables(position_ids)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, cos, sin)
+            x = layer(x, cos, sin, document_ids)
         return self.norm(x)
 
     def rope_tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

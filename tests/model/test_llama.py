@@ -84,3 +84,25 @@ def test_llama31_rope_scaling_bands():
     torch.testing.assert_close(scaled[low], plain[low] / 8)
     middle = ~high & ~low
     assert middle.any() and torch.all(scaled[middle] < plain[middle]) and torch.all(scaled[middle] > plain[middle] / 8)
+
+
+def test_document_masking_isolates_documents():
+    """With position_ids restarting at a boundary, the second document's logits ignore the first document."""
+    transformer = model()
+    first, second = torch.randint(2, 97, (1, 10)), torch.randint(2, 97, (1, 6))
+    packed = torch.cat([first, second], dim=1)
+    positions = torch.cat([torch.arange(10), torch.arange(6)]).unsqueeze(0)
+    alone = transformer(second)
+    torch.testing.assert_close(transformer(packed, positions)[:, 10:], alone, rtol=1e-5, atol=1e-5)
+    other_first = torch.randint(2, 97, (1, 10))
+    torch.testing.assert_close(transformer(torch.cat([other_first, second], 1), positions)[:, 10:], alone,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_masked_attention_backends_agree():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
+    document_ids = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    for causal in (True, False):
+        torch.testing.assert_close(attend(q, k, v, causal, 'sdpa', document_ids),
+                                   attend(q, k, v, causal, 'eager', document_ids), rtol=1e-5, atol=1e-5)

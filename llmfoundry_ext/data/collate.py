@@ -1,0 +1,76 @@
+"""Token windows -> training batches: next-token labels, document boundaries, masked-LM masking.
+
+Batches hold ``input_ids`` [B, S], ``labels`` [B, S] (-100: no loss) and ``sample_ids`` [B]; with document
+masking also ``position_ids`` [B, S] (restarting after each EOS) and ``cu_seqlens`` [documents + 1].
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+IGNORE = -100
+
+
+def stack_windows(samples: list[dict], max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [B, S] from the samples' first ``max_seq_len`` tokens, and sample_ids [B]."""
+    short = [len(s['tokens']) for s in samples if len(s['tokens']) < max_seq_len]
+    if short:
+        raise ValueError(f'a sample has {short[0]} tokens, fewer than max_seq_len {max_seq_len}: convert the data '
+                         f'with --concat-tokens >= {max_seq_len} or lower max_seq_len')
+    input_ids = torch.stack([s['tokens'][:max_seq_len] for s in samples])
+    return input_ids, torch.tensor([s['sample_id'] for s in samples], dtype=torch.int64)
+
+
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """labels[:, t] = input_ids[:, t + 1]; the last position has no label."""
+    labels = torch.full_like(input_ids, IGNORE)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+def document_boundaries(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """position_ids [B, S] restarting at 0 after every EOS and at each row's start; cu_seqlens [N + 1] (int32):
+    the offsets of the N documents in the flattened batch, as varlen attention kernels take them."""
+    batch, seq_len = input_ids.shape
+    starts = torch.zeros_like(input_ids, dtype=torch.bool)
+    starts[:, 0] = True
+    starts[:, 1:] = input_ids[:, :-1] == eos_id
+    index = torch.arange(seq_len).expand(batch, seq_len)
+    last_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    position_ids = index - last_start
+    offsets = torch.nonzero(starts.flatten()).flatten()
+    cu_seqlens = torch.cat([offsets, torch.tensor([batch * seq_len])]).to(torch.int32)
+    return position_ids, cu_seqlens
+
+
+def mlm_mask(sample_ids: torch.Tensor, seq_len: int, probability: float, seed: int) -> torch.Tensor:
+    """[B, S] bool, each position True with ``probability``, drawn from (seed, sample id): the same sample is
+    masked the same way however often it is read, so resumption stays exact."""
+    rows = [np.random.default_rng([seed, int(i)]).random(seq_len) < probability for i in sample_ids]
+    return torch.from_numpy(np.stack(rows))
+
+
+@dataclass
+class Collator:
+    """Builds the batch for the run's objective (``clm`` or ``mlm``), optionally with document boundaries."""
+    max_seq_len: int
+    objective: str = 'clm'
+    eos_id: Optional[int] = None            # set: add position_ids and cu_seqlens (document masking)
+    mask_probability: float = 0.3
+    mask_token_id: Optional[int] = None
+    seed: int = 0
+
+    def __call__(self, samples: list[dict]) -> dict:
+        input_ids, sample_ids = stack_windows(samples, self.max_seq_len)
+        batch = {'sample_ids': sample_ids}
+        if self.eos_id is not None:
+            batch['position_ids'], batch['cu_seqlens'] = document_boundaries(input_ids, self.eos_id)
+        if self.objective == 'mlm':
+            masked = mlm_mask(sample_ids, self.max_seq_len, self.mask_probability, self.seed)
+            batch['labels'] = torch.where(masked, input_ids, IGNORE)
+            batch['input_ids'] = torch.where(masked, self.mask_token_id, input_ids)
+        else:
+            batch['labels'] = next_token_labels(input_ids)
+            batch['input_ids'] = input_ids
+        return batch
