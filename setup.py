@@ -10,10 +10,12 @@ install_requires = [
     'omegaconf>=2.3',
     'safetensors>=0.4',
     'tqdm>=4.66',
+    'tensorboard>=2.14',               # the default logger
+    'matplotlib>=3.7',                 # scripts/plot_run.py
 ]
 
 extras_require = {
-    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.5'],
+    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.5', 'nvidia-ml-py>=12'],  # nvidia-ml-py: GPU utilisation
     'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml'],
 }
 

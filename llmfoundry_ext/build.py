@@ -1,5 +1,6 @@
 """TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
 import dataclasses
+import os
 
 import torch
 from composer import Trainer
@@ -46,8 +47,15 @@ def build_parallelism(config: TrainConfig):
     return {'fsdp': FSDP2Config(**dataclasses.asdict(fsdp))} if fsdp else None
 
 
-def build_named(kind: str, entries: dict) -> list:
-    return [registry.build(kind, name, kwargs or {}) for name, kwargs in entries.items()]
+def build_named(kind: str, entries: dict, defaults: dict | None = None) -> list:
+    """Instances of ``name: {kwargs}`` entries; ``defaults[name]`` fills arguments the YAML leaves out."""
+    defaults = defaults or {}
+    return [registry.build(kind, name, {**defaults.get(name, {}), **(kwargs or {})}) for name, kwargs in entries.items()]
+
+
+def logger_defaults(config: TrainConfig) -> dict:
+    """TensorBoard logs go next to the checkpoints (``<save_folder>/tensorboard/<run_name>``)."""
+    return {'tensorboard': {'log_dir': os.path.join(config.checkpoint_folder or '.', 'tensorboard')}}
 
 
 def build_collator(config: TrainConfig) -> Collator:
@@ -59,7 +67,7 @@ def build_collator(config: TrainConfig) -> Collator:
         mask_token_id=mask_token_id(config) if objective.name == 'mlm' else None)
 
 
-def build_trainer(config: TrainConfig, device=None) -> Trainer:
+def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = ()) -> Trainer:
     model = build_model(config)
     optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
     optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
@@ -86,9 +94,9 @@ def build_trainer(config: TrainConfig, device=None) -> Trainer:
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=build_parallelism(config),
-        callbacks=build_named('callbacks', config.callbacks),
+        callbacks=build_named('callbacks', config.callbacks) + list(extra_callbacks),
         algorithms=build_named('algorithms', config.algorithms),
-        loggers=build_named('loggers', config.loggers),
+        loggers=build_named('loggers', config.loggers, logger_defaults(config)),
         save_folder=checkpoint.save_folder,
         save_interval=checkpoint.save_interval,
         save_num_checkpoints_to_keep=checkpoint.save_num_checkpoints_to_keep,

@@ -120,7 +120,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
     algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
-    loggers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    loggers: dict[str, dict[str, Any]] = field(default_factory=lambda: {'tensorboard': {}})
     eval_interval: str = '500ba'
     eval_subset_num_batches: int = -1
     log_interval: str = '1ba'
@@ -133,6 +133,12 @@ class TrainConfig:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.max_seq_len
+
+    @property
+    def checkpoint_folder(self) -> Optional[str]:
+        """``checkpoint.save_folder`` with the run name filled in."""
+        folder = self.checkpoint.save_folder
+        return folder.format(run_name=self.run_name) if folder else None
 
 
 PRECISIONS = ('fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8')

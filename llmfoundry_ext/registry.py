@@ -9,6 +9,7 @@ import torch
 from composer import algorithms, callbacks, loggers, optim
 
 from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
+from llmfoundry_ext.callbacks.step_monitor import StepMonitor
 from llmfoundry_ext.callbacks.stop_after import StopAfter
 from llmfoundry_ext.config import ConfigError, suggest
 
@@ -27,6 +28,7 @@ CALLBACKS = {
     'threshold_stopper': callbacks.ThresholdStopper,
     'stop_after': StopAfter,
     'sample_ledger': SampleLedger,
+    'step_monitor': StepMonitor,
 }
 ALGORITHMS = {
     'gradient_clipping': algorithms.GradientClipping,

@@ -33,7 +33,7 @@ def check_hardware(config: TrainConfig) -> None:
         raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
 
 
-def train(config: TrainConfig):
+def train(config: TrainConfig, extra_callbacks: list = ()):
     """Build everything from the config, print the start summary, fit, and return the Trainer."""
     from composer.utils import dist, get_device, reproducibility
 
@@ -47,7 +47,7 @@ def train(config: TrainConfig):
         if removed:
             print(f"removed streaming shared memory left by crashed runs: prefixes {', '.join(removed)}", flush=True)
     dist.barrier()
-    trainer = build_trainer(config, device)
+    trainer = build_trainer(config, device, extra_callbacks)
     complete = trainer.state.get_elapsed_duration() >= 1
     if dist.get_global_rank() == 0:
         print(start_summary(config, trainer), flush=True)
@@ -66,14 +66,9 @@ def train(config: TrainConfig):
     return trainer
 
 
-def checkpoint_folder(config: TrainConfig) -> str | None:
-    folder = config.checkpoint.save_folder
-    return folder.format(run_name=config.run_name) if folder else None
-
-
 def write_resolved_config(config: TrainConfig) -> None:
     """The config as resolved (presets, overrides) next to the checkpoints, written atomically."""
-    folder = checkpoint_folder(config)
+    folder = config.checkpoint_folder
     if folder is None:
         return
     os.makedirs(folder, exist_ok=True)
@@ -90,7 +85,7 @@ ORDER_KEYS = ('seed', 'global_batch_size', 'max_seq_len', 'objective', 'data.doc
 
 def data_order_changes(config: TrainConfig) -> list[str]:
     """Warnings for each setting that decides the sample order and differs from the checkpointed run's."""
-    path = os.path.join(checkpoint_folder(config) or '', 'config.yaml')
+    path = os.path.join(config.checkpoint_folder or '', 'config.yaml')
     if not os.path.isfile(path):
         return []
     before, now = OmegaConf.load(path), OmegaConf.create(dataclasses.asdict(config))
@@ -125,7 +120,7 @@ def start_summary(config: TrainConfig, trainer) -> str:
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {model.llama().flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
-        f'  checkpoints in {checkpoint_folder(config)}',
+        f'  checkpoints in {config.checkpoint_folder}',
         (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
          '  starting from scratch (no checkpoint found)'),
     ]
@@ -134,8 +129,9 @@ def start_summary(config: TrainConfig, trainer) -> str:
 
 def end_summary(config: TrainConfig, trainer) -> str:
     """Where the run stopped, its loss over this invocation and throughput (from an in_memory logger)."""
-    lines = [f'run {config.run_name} stopped at batch {int(trainer.state.timestamp.batch)} of '
-             f'{config.max_duration}; checkpoints in {checkpoint_folder(config)}']
+    where = f'; checkpoints in {config.checkpoint_folder}' if config.checkpoint_folder else ''
+    lines = [f'run {config.run_name} stopped at batch {int(trainer.state.timestamp.batch)} of {config.max_duration}'
+             + where]
     history = logged_history(trainer)
     losses = history.get('loss/train/total')
     if losses:

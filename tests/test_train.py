@@ -136,3 +136,16 @@ def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):
     trainer = train(config)
     assert 5.5 < float(trainer.state.loss) < 7.0  # about ln(512) on random tokens
     trainer.close()
+
+
+@pytest.mark.timeout(600)
+def test_two_process_fsdp2_losses_equal_one_process(tiny_config, tmp_path):
+    """FSDP2 over 2 ranks trains the same model as 1 process on the same global batches (fp32, CPU)."""
+    tiny_config['max_duration'] = '10ba'
+    yaml_path = write_yaml(tiny_config, tmp_path / 'tiny.yaml')
+    for processes in (1, 2):
+        run_to_end(yaml_path, f'processes{processes}', tmp_path / f'{processes}.log', processes)
+    one = read_ledger(str(tmp_path / 'ledger' / 'processes1' / 'ledger-rank0.jsonl'))
+    two = ledgers(tmp_path / 'ledger' / 'processes2')
+    assert [one[b]['loss'] for b in range(1, 11)] == pytest.approx(
+        [(two[0][b]['loss'] + two[1][b]['loss']) / 2 for b in range(1, 11)], rel=1e-5, abs=0)

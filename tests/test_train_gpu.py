@@ -51,3 +51,24 @@ def test_sdpa_matches_eager_in_bf16(causal):
     k, v = (torch.randn(2, 2, 512, 64, device='cuda', dtype=torch.bfloat16) for _ in range(2))
     torch.testing.assert_close(attend(q, k, v, causal, 'sdpa'), attend(q, k, v, causal, 'eager'),
                                atol=2e-2, rtol=2e-2)
+
+
+def test_gpu_metrics_reach_tensorboard(tiny_config, tmp_path):
+    """On a GPU the per-step metrics add MFU, GPU memory and GPU utilisation (nvidia-ml-py)."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from llmfoundry_ext.train import train
+    tiny_config.update(precision='amp_bf16', max_duration='6ba', callbacks={
+        'speed_monitor': {'window_size': 2}, 'memory_monitor': {}, 'system_metrics_monitor': {}, 'step_monitor': {}})
+    tiny_config.pop('loggers', None)
+    train(load(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
+    (events,) = glob.glob(str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard' / 'tiny' / 'events.out.tfevents.*'))
+    accumulator = EventAccumulator(events)
+    accumulator.Reload()
+    tags = accumulator.Tags()['scalars']
+    print(sorted(tags))
+    assert 'throughput/device/mfu' in tags and 'time/step_seconds' in tags
+    assert any(tag.startswith('memory/') and 'peak' in tag for tag in tags)
+    assert any('gpu_percentage' in tag for tag in tags)

@@ -27,12 +27,14 @@ def frontier_data_root(tmp_path_factory) -> str:
     return str(root)
 
 
-@pytest.mark.parametrize('yaml_name, world_size', [('llama1b.yaml', 64), ('llama8b.yaml', 256), ('mlm1b.yaml', 64)])
+@pytest.mark.parametrize('yaml_name, world_size', [('llama1b.yaml', 64), ('llama8b.yaml', 256), ('llama70b.yaml', 1024),
+                                                   ('mlm1b.yaml', 64)])
 def test_shipped_yamls_validate_for_their_cluster(frontier_data_root, monkeypatch, yaml_name, world_size):
     monkeypatch.setenv('WORLD_SIZE', str(world_size))
     config = load(os.path.join(REPO, 'yamls', yaml_name), [f'variables.data_root={frontier_data_root}'])
     assert config.tokens_per_step * int(config.max_duration.removesuffix('ba')) == pytest.approx(
-        {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'mlm1b.yaml': 100e9}[yaml_name], rel=1e-4)
+        {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'llama70b.yaml': 1.5e12, 'mlm1b.yaml': 100e9}[yaml_name],
+        rel=1e-4)
     assert sum(s.proportion for s in config.data.train.streams.values()) == pytest.approx(1.0)
 
 

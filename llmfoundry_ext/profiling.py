@@ -1,0 +1,108 @@
+"""Profile a few training steps with torch.profiler: a Chrome/Perfetto trace and a table of where the time went.
+
+Kernels (GPU) or operators (CPU) are grouped into categories by name, each with its share of the profiled time.
+"""
+import re
+
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+
+CATEGORIES = (  # first match wins; names are lower-cased
+    ('communication', r'nccl|rccl|all_?gather|reduce_?scatter|all_?reduce|broadcast|c10d'),
+    ('attention', r'flash|fmha|attention|sdpa|cudnn.*mha|_efficient_attention|_flash_attention'),
+    ('loss', r'cross_entropy|log_?softmax|nll_loss|softmax_backward'),
+    ('normalization', r'rms_?norm|layer_?norm|rsqrt'),
+    ('RoPE', r'rope|rotary'),
+    ('GEMM', r'gemm|cutlass|xmma|wgmma|nvjet|cublas|aten::(mm|addmm|bmm|matmul|linear)\b'),
+    ('optimizer', r'adam|multi_tensor|foreach|_fused_'),
+    ('memory copies', r'memcpy|memset|copy_|aten::(to|_to_copy|cat|clone|contiguous)\b|catarray'),
+    ('elementwise', r'elementwise|vectorized|unrolled|reduce_kernel|triton|aten::(mul|add|silu|neg|pow|mean|cos|sin|'
+                    r'sum|div|where|masked_fill|fill_|zero_)'),
+)
+
+
+def categorize(name: str) -> str:
+    lowered = name.lower()
+    for category, pattern in CATEGORIES:
+        if re.search(pattern, lowered):
+            return category
+    return 'other'
+
+
+def self_times(profile: torch.profiler.profile) -> dict[str, float]:
+    """name -> self time in ms: GPU kernels where a GPU ran, else CPU operators."""
+    events = profile.key_averages()
+    on_device = {e.key: e.self_device_time_total / 1000 for e in events
+                 if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0}
+    if on_device:
+        return on_device
+    return {e.key: e.self_cpu_time_total / 1000 for e in events if e.self_cpu_time_total > 0 and e.key.startswith('aten::')}
+
+
+def category_table(times: dict[str, float], top: int = 3) -> list[dict]:
+    """Rows {category, ms, share, top kernels}, largest first; shares sum to 1."""
+    total = sum(times.values())
+    grouped: dict[str, list[tuple[str, float]]] = {}
+    for name, ms in times.items():
+        grouped.setdefault(categorize(name), []).append((name, ms))
+    rows = [{'category': category, 'ms': sum(ms for _, ms in kernels), 'share': sum(ms for _, ms in kernels) / total,
+             'top': [name for name, _ in sorted(kernels, key=lambda kernel: -kernel[1])[:top]]}
+            for category, kernels in grouped.items()]
+    return sorted(rows, key=lambda row: -row['ms'])
+
+
+def format_table(rows: list[dict], steps: int) -> str:
+    lines = [f"{'category':<15}{'ms/step':>10}{'share':>8}  top kernels"]
+    for row in rows:
+        names = '; '.join(name[:60] for name in row['top'])
+        lines.append(f"{row['category']:<15}{row['ms'] / steps:>10.2f}{row['share']:>8.1%}  {names}")
+    return '\n'.join(lines)
+
+
+class ProfileSteps(Callback):
+    """Profiles batches ``warmup + 1`` .. ``warmup + steps`` of this invocation, then stops training."""
+
+    def __init__(self, warmup: int, steps: int):
+        self.warmup, self.steps, self.seen = warmup, steps, 0
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profile = torch.profiler.profile(activities=activities, record_shapes=False)
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        if self.seen == self.warmup:
+            self.profile.start()
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        self.seen += 1
+        if self.seen == self.warmup + self.steps:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.profile.stop()
+            state.stop_training()
+
+
+def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batches: int) -> str:
+    """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps), no checkpoints
+    and no loggers: what a profile or a benchmark of the model needs. Returns the new YAML's path."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from data_prep.packing import write_mds
+    from llmfoundry_ext.config import parse_overrides
+
+    raw = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(yaml_path), parse_overrides(overrides)), resolve=True)
+    raw.pop('variables', None)
+    rng = np.random.default_rng(0)
+    vocab = raw['model'].get('vocab_size', 128256)
+    windows = (rng.integers(0, vocab, raw['max_seq_len'], dtype=np.uint32)
+               for _ in range(batches * raw['global_batch_size']))
+    write_mds(f'{folder}/tokens', windows, {'source': 'synthetic', 'window': raw['max_seq_len']})
+    raw['data'] = {'train': {'streams': {'synthetic': {'local': f'{folder}/tokens'}}}}
+    raw['checkpoint'] = {'save_folder': None, 'autoresume': False}
+    raw['callbacks'] = {name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'}
+    raw['loggers'] = {}
+    path = f'{folder}/run.yaml'
+    OmegaConf.save(raw, path)
+    return path

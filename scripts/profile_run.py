@@ -1,0 +1,54 @@
+"""Profile a few training steps of a run and print where the time goes, by kernel category.
+
+  python scripts/profile_run.py yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1 \
+      [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json]
+
+The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's). Writes a
+Chrome/Perfetto trace (open in ui.perfetto.dev) and prints the category table (GPU kernels on a GPU, CPU
+operators otherwise). (Not named profile.py: in scripts/ that would shadow Python's own ``profile``
+module for every script there.) Launch with `composer -n N scripts/profile_run.py ...` for several GPUs.
+"""
+import argparse
+import json
+import sys
+import tempfile
+
+from llmfoundry_ext.config import ConfigError, load
+from llmfoundry_ext.profiling import ProfileSteps, category_table, format_table, self_times, synthetic_run_yaml
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('yaml')
+    parser.add_argument('overrides', nargs='*', help='key=value')
+    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--steps', type=int, default=3)
+    parser.add_argument('--trace', default='trace.json')
+    parser.add_argument('--json', help='also write the table here')
+    args = parser.parse_args(argv)
+    from composer.utils import dist
+
+    from llmfoundry_ext.train import train
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            config = load(synthetic_run_yaml(args.yaml, args.overrides, folder, args.warmup + args.steps + 2))
+        except ConfigError as error:
+            print(f'config error: {error}', file=sys.stderr)
+            return 2
+        profiler = ProfileSteps(args.warmup, args.steps)
+        trainer = train(config, extra_callbacks=[profiler])
+        trainer.close()
+    if dist.get_global_rank() == 0:
+        profiler.profile.export_chrome_trace(args.trace)
+        rows = category_table(self_times(profiler.profile))
+        print(f'\n{args.yaml}: {args.steps} profiled steps after {args.warmup} warm-up; trace in {args.trace}')
+        print(format_table(rows, args.steps))
+        if args.json:
+            with open(args.json, 'w') as file:
+                json.dump({'yaml': args.yaml, 'overrides': args.overrides, 'steps': args.steps, 'rows': rows}, file,
+                          indent=2)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))
