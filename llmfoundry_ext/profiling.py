@@ -2,6 +2,7 @@
 
 Kernels (GPU) or operators (CPU) are grouped into categories by name, each with its share of the profiled time.
 """
+import collections
 import re
 
 import torch
@@ -31,13 +32,18 @@ def categorize(name: str) -> str:
 
 
 def self_times(profile: torch.profiler.profile) -> dict[str, float]:
-    """name -> self time in ms: GPU kernels where a GPU ran, else CPU operators."""
-    events = profile.key_averages()
-    on_device = {e.key: e.self_device_time_total / 1000 for e in events
-                 if getattr(e, 'device_type', None) == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0}
-    if on_device:
-        return on_device
-    return {e.key: e.self_cpu_time_total / 1000 for e in events if e.self_cpu_time_total > 0 and e.key.startswith('aten::')}
+    """name -> self time in ms: GPU kernels where a GPU ran, else CPU operators. Annotated ranges (optimizer
+    step, FSDP hooks) span kernels already counted, so they are left out."""
+    on_device: dict[str, float] = collections.defaultdict(float)
+    on_cpu: dict[str, float] = collections.defaultdict(float)
+    for event in profile.events():
+        if getattr(event, 'is_user_annotation', False):
+            continue
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            on_device[event.name] += event.self_device_time_total / 1000
+        elif event.name.startswith('aten::'):
+            on_cpu[event.name] += event.self_cpu_time_total / 1000
+    return dict(on_device or on_cpu)
 
 
 def category_table(times: dict[str, float], top: int = 3) -> list[dict]:
