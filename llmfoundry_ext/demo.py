@@ -10,6 +10,7 @@ import time
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+from llmfoundry_ext.plotting import plot_run
 
 DEMO_YAML = 'yamls/demo.yaml'
 VOCAB_SIZE = 8000
@@ -67,6 +68,9 @@ def main() -> int:
         print('\n== a checkpoint exists: the same command autoresumes ==', flush=True)
     launch([])
     print(loss_curve(checkpoints), flush=True)
+    plot = os.path.join(os.path.dirname(checkpoints.rstrip('/')), f'{raw.run_name}.png')
+    plot_run(os.path.join(checkpoints, 'tensorboard'), plot)
+    print(f'loss and tokens/s curves: {plot} (python scripts/plot_run.py {checkpoints}/tensorboard {plot})', flush=True)
     return 0
 
 
