@@ -1,15 +1,18 @@
 """What the config builds: per-step metrics land in TensorBoard next to the checkpoints by default."""
 import glob
+import os
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from data_prep.packing import write_mds
+from data_prep.train_tokenizer import train_bpe
 from llmfoundry_ext.config import load
 from llmfoundry_ext.train import train
-from tests.conftest import write_yaml
+from tests.conftest import REPO, random_windows, write_yaml
 
 MONITORS = {'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {},
-            'system_metrics_monitor': {}, 'runtime_estimator': {}, 'optimizer_monitor': {'batch_log_interval': 1}, 'nan_monitor': {},
-            'step_monitor': {}}
+            'system_metrics_monitor': {}, 'runtime_estimator': {}, 'optimizer_monitor': {'batch_log_interval': 1},
+            'nan_monitor': {}, 'step_monitor': {}}
 EXPECTED_TAGS = [
     'loss/train/total', 'throughput/tokens_per_sec', 'throughput/device/tokens_per_sec', 'time/step_seconds',
     'lr-DecoupledAdamW/group0', 'l2_norm/grad/global', 'process/memory_rss_gib', 'process/cpu_percent',
@@ -17,18 +20,30 @@ EXPECTED_TAGS = [
 ]
 
 
-def test_default_tensorboard_logs_the_per_step_metrics(tiny_config, tmp_path):
-    tiny_config.update(parallelism={'fsdp': None}, max_duration='6ba', callbacks=MONITORS)
-    tiny_config.pop('loggers', None)  # the default: TensorBoard
-    train(load(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
-    (events,) = glob.glob(str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard' / 'tiny' / 'events.out.tfevents.*'))
+def demo_data(root) -> str:
+    """demo.yaml's data layout (code / prose / math MDS folders and a tokenizer), with random tokens."""
+    for seed, domain in enumerate(('code', 'prose', 'math')):
+        write_mds(str(root / domain), random_windows(200, 256, 8000, seed), {'source': domain, 'window': 256})
+    os.makedirs(root / 'tokenizer')
+    train_bpe(['demo text'] * 10, vocab_size=300).save(str(root / 'tokenizer' / 'tokenizer.json'))
+    return str(root)
+
+
+def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):
+    monitors = [f'callbacks.{name}={value}' for name, value in MONITORS.items()]
+    config = load(os.path.join(REPO, 'yamls', 'demo.yaml'), [
+        f'variables.data_root={demo_data(tmp_path / "data")}', f'checkpoint.save_folder={tmp_path}/{{run_name}}',
+        f'callbacks.sample_ledger.folder={tmp_path}/ledger', 'max_duration=6ba', 'global_batch_size=4',
+        'model.n_layers=2', 'parallelism.fsdp=null', *monitors])
+    train(config).close()
+    (events,) = glob.glob(str(tmp_path / 'demo' / 'tensorboard' / 'demo' / 'events.out.tfevents.*'))
     accumulator = EventAccumulator(events)
     accumulator.Reload()
     tags = accumulator.Tags()['scalars']
     missing = [tag for tag in EXPECTED_TAGS if tag not in tags]
     assert missing == []
     assert [event.step for event in accumulator.Scalars('loss/train/total')] == [0, 1, 2, 3, 4, 5]
-    assert all(5.5 < event.value < 7.0 for event in accumulator.Scalars('loss/train/total'))
+    assert all(8.0 < event.value < 10.0 for event in accumulator.Scalars('loss/train/total'))  # ln(8000) = 9.0
     assert all(event.value > 0 for event in accumulator.Scalars('time/step_seconds'))
 
 
