@@ -40,7 +40,7 @@ def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
         axis.set(title=title, xlabel='batch')
         axis.grid(alpha=0.3)
         drawn[tag] = len(points)
-    figure.suptitle(os.path.basename(os.path.normpath(run_folder)))
+    figure.suptitle(os.path.normpath(run_folder))
     figure.tight_layout()
     figure.savefig(out_png, dpi=110)
     plt.close(figure)
