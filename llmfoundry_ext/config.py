@@ -366,6 +366,9 @@ def check_init_from(model: ModelConfig) -> None:
     """The weights to start from exist and have this architecture (vocabulary aside when embeddings are skipped)."""
     if model.init_from is None:
         return
+    if model.init_device == 'meta':
+        raise ConfigError('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 reads '
+                          'the weights on the CPU and they are broadcast)')
     from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config
     try:
         source = read_weights_config(model.init_from)

@@ -181,6 +181,14 @@ def test_init_from_another_shape_is_a_config_error(tiny_config, tmp_path):
     assert str(caught.value) == f'model.ffn_dim: 128 but the weights in {source} have 96; set model.ffn_dim=96'
 
 
+def test_init_from_with_a_meta_build_is_a_config_error(tiny_config, tmp_path):
+    source = hf_reference(tmp_path, SOURCE)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, init_device='meta'), tmp_path / 'r.yaml'))
+    assert str(caught.value) == ('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 '
+                                 'reads the weights on the CPU and they are broadcast)')
+
+
 def test_non_llama_and_pickled_checkpoints_are_refused(tmp_path):
     (tmp_path / 'gpt2').mkdir()
     (tmp_path / 'gpt2' / 'config.json').write_text(json.dumps({'model_type': 'gpt2'}))
