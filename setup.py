@@ -11,12 +11,13 @@ install_requires = [
     'safetensors>=0.4',
     'tqdm>=4.66',
     'tensorboard>=2.14',               # the default logger
+    'boto3',                           # Stack-v2 contents from S3
     'matplotlib>=3.7',                 # scripts/plot_run.py
 ]
 
 extras_require = {
     'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.5', 'nvidia-ml-py>=12'],  # nvidia-ml-py: GPU utilisation
-    'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml'],
+    'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml', 'moto[server]>=5'],  # moto: a local S3 for tests
 }
 
 setup(

@@ -1,0 +1,140 @@
+"""Readers of raw text, one per source: each yields ``Document(id, text)`` in a fixed order.
+
+Sources read local folders as ``huggingface-cli download`` leaves them (or plain files); Stack-v2 rows list a
+repository's files, whose contents are gzip blobs in the Software Heritage S3 bucket, fetched with boto3.
+"""
+import glob
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow.parquet as pq
+
+
+class SourceError(ValueError):
+    """A source that cannot be read as asked: one line naming it and the fix."""
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+
+
+@dataclass
+class Counts:
+    """What a source skipped, and why (reported in the manifest)."""
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+
+ZYDA2_COMPONENTS = {  # config -> folder under data/ (the last one really ends in a space)
+    'dclm_crossdeduped': 'dclm_crossdeduped',
+    'fwe3': 'fwe3',
+    'dolma-cc_crossdeduped-filtered': 'dolma-cc_crossdeduped-filtered',
+    'zyda_crossdeduped-filtered': 'zyda_crossdeduped-filtered ',
+}
+FINEMATH_CONFIGS = ('finemath-3plus', 'finemath-4plus', 'infiwebmath-3plus', 'infiwebmath-4plus')
+
+
+def files_under(root: str, pattern: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(glob.escape(root), pattern), recursive=True))
+    if not files:
+        raise SourceError(f'{root}: no files match {pattern}')
+    return files
+
+
+def parquet_rows(path: str, columns: list[str]) -> Iterator[dict]:
+    """Rows of ``columns`` only (Zyda-2 components differ in their other columns), batch by batch."""
+    table = pq.ParquetFile(path)
+    missing = [c for c in columns if c not in table.schema_arrow.names]
+    if missing:
+        raise SourceError(f'{path}: no column {missing[0]!r} (it has {", ".join(table.schema_arrow.names)})')
+    for batch in table.iter_batches(columns=columns, batch_size=1024):
+        yield from batch.to_pylist()
+
+
+def text_documents(rows: Iterator[dict], text_column: str, id_of, counts: Counts) -> Iterator[Document]:
+    """Rows -> documents; rows with no text or empty text are counted and skipped."""
+    for row in rows:
+        text = row.get(text_column)
+        if not isinstance(text, str) or not text.strip():
+            counts.skip('empty or missing text')
+            continue
+        yield Document(str(id_of(row)), text)
+
+
+def parquet_source(files: list[str], text_column: str, id_column: str | None, counts: Counts) -> Iterator[Document]:
+    for path in files:
+        columns = [text_column] + ([id_column] if id_column else [])
+        rows = parquet_rows(path, columns)
+        numbered = ({**row, '_row': f'{os.path.basename(path)}:{i}'} for i, row in enumerate(rows))
+        yield from text_documents(numbered, text_column, lambda r: r[id_column] if id_column else r['_row'], counts)
+
+
+def jsonl_source(files: list[str], text_column: str, id_column: str | None, counts: Counts) -> Iterator[Document]:
+    for path in files:
+        with open(path, 'rb') as file:
+            for number, raw in enumerate(file):
+                try:
+                    row = json.loads(raw.decode('utf-8'))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    counts.skip('not UTF-8 JSON')
+                    continue
+                if text_column not in row:
+                    raise SourceError(f'{path}:{number + 1}: no field {text_column!r}; set --text-column')
+                row.setdefault('_row', f'{os.path.basename(path)}:{number}')
+                yield from text_documents(iter([row]), text_column, lambda r: r.get(id_column) or r['_row'], counts)
+
+
+def zyda2_files(root: str, component: str) -> list[str]:
+    if component not in ZYDA2_COMPONENTS:
+        raise SourceError(f"zyda2: unknown component {component!r}; one of {', '.join(ZYDA2_COMPONENTS)}")
+    return files_under(os.path.join(root, 'data', ZYDA2_COMPONENTS[component]), '**/*.parquet')
+
+
+def finemath_files(root: str, config: str) -> list[str]:
+    if config not in FINEMATH_CONFIGS:
+        raise SourceError(f"finemath: unknown config {config!r}; one of {', '.join(FINEMATH_CONFIGS)}")
+    return files_under(os.path.join(root, config), '**/*.parquet')
+
+
+class BlobStore:
+    """Software Heritage contents on S3 (or any S3-compatible endpoint): gzip blobs by id."""
+
+    def __init__(self, bucket: str = 'softwareheritage', prefix: str = 'content/', endpoint_url: str | None = None):
+        import boto3
+        self.client = boto3.client('s3', endpoint_url=endpoint_url)
+        self.bucket, self.prefix = bucket, prefix
+
+    def text(self, blob_id: str, encoding: str) -> str | None:
+        """The decoded file, or None when the blob does not exist."""
+        from botocore.exceptions import ClientError
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.prefix + blob_id)['Body'].read()
+        except ClientError as error:
+            if error.response.get('Error', {}).get('Code') in ('NoSuchKey', '404'):
+                return None
+            raise
+        return gzip.decompress(body).decode(encoding or 'utf-8', errors='replace')
+
+
+def stack_v2_source(files: list[str], store: BlobStore, counts: Counts) -> Iterator[Document]:
+    """One document per repository: its files' contents, in listed order, joined by a blank line."""
+    for path in files:
+        for row in parquet_rows(path, ['repo_name', 'files']):
+            contents = []
+            for entry in row['files']:
+                text = store.text(entry['blob_id'], entry.get('src_encoding'))
+                if text is None:
+                    counts.skip('missing blob')
+                    continue
+                contents.append(text)
+            if not contents:
+                counts.skip('repository with no readable file')
+                continue
+            yield Document(row['repo_name'], '\n\n'.join(contents))
