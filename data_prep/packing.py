@@ -12,14 +12,25 @@ from llmfoundry_ext.data.manifest import MANIFEST
 TOKENS_COLUMN = {'tokens': 'ndarray:uint32'}
 
 
+class Packer:
+    """Concatenates token lists and cuts full ``window``-token arrays off the front."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.buffer: list[int] = []
+
+    def add(self, tokens: list[int]) -> Iterator[np.ndarray]:
+        self.buffer.extend(tokens)
+        while len(self.buffer) >= self.window:
+            yield np.asarray(self.buffer[:self.window], dtype=np.uint32)
+            del self.buffer[:self.window]
+
+
 def pack(documents: Iterable[list[int]], window: int) -> Iterator[np.ndarray]:
     """Concatenate token lists and cut them into ``window``-token arrays; the incomplete tail is dropped."""
-    buffer: list[int] = []
+    packer = Packer(window)
     for tokens in documents:
-        buffer.extend(tokens)
-        while len(buffer) >= window:
-            yield np.asarray(buffer[:window], dtype=np.uint32)
-            del buffer[:window]
+        yield from packer.add(tokens)
 
 
 def tokenize_documents(texts: Iterable[str], tokenizer, eos_id: int, bos_id: int | None = None,

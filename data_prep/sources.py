@@ -48,13 +48,18 @@ def files_under(root: str, pattern: str) -> list[str]:
     return files
 
 
-def parquet_rows(path: str, columns: list[str]) -> Iterator[dict]:
-    """Rows of ``columns`` only (Zyda-2 components differ in their other columns), batch by batch."""
+def check_columns(path: str, columns: list[str]) -> pq.ParquetFile:
+    """The file, if it has ``columns``; else one line naming the first missing one and those it has."""
     table = pq.ParquetFile(path)
     missing = [c for c in columns if c not in table.schema_arrow.names]
     if missing:
         raise SourceError(f'{path}: no column {missing[0]!r} (it has {", ".join(table.schema_arrow.names)})')
-    for batch in table.iter_batches(columns=columns, batch_size=1024):
+    return table
+
+
+def parquet_rows(path: str, columns: list[str]) -> Iterator[dict]:
+    """Rows of ``columns`` only (Zyda-2 components differ in their other columns), batch by batch."""
+    for batch in check_columns(path, columns).iter_batches(columns=columns, batch_size=1024):
         yield from batch.to_pylist()
 
 
@@ -138,3 +143,71 @@ def stack_v2_source(files: list[str], store: BlobStore, counts: Counts) -> Itera
                 counts.skip('repository with no readable file')
                 continue
             yield Document(row['repo_name'], '\n\n'.join(contents))
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Parquet or jsonl files with a text column (and an id column, else file:row)."""
+    paths: tuple[str, ...]
+    text_column: str = 'text'
+    id_column: str | None = None
+    kind: str = 'parquet'
+
+    def files(self) -> list[str]:
+        return list(self.paths)
+
+    def check(self) -> None:
+        """Fail before any work if a parquet file lacks the columns."""
+        if self.kind == 'parquet':
+            for path in self.paths:
+                check_columns(path, [self.text_column] + ([self.id_column] if self.id_column else []))
+
+    def documents(self, file: str, counts: Counts) -> Iterator[Document]:
+        read = parquet_source if self.kind == 'parquet' else jsonl_source
+        return read([file], self.text_column, self.id_column, counts)
+
+
+@dataclass(frozen=True)
+class StackV2Source:
+    """smol-ids parquet rows; file contents from S3 (``endpoint_url`` for an S3-compatible server)."""
+    paths: tuple[str, ...]
+    endpoint_url: str | None = None
+    bucket: str = 'softwareheritage'
+
+    def files(self) -> list[str]:
+        return list(self.paths)
+
+    def check(self) -> None:
+        for path in self.paths:
+            check_columns(path, ['repo_name', 'files'])
+
+    def documents(self, file: str, counts: Counts) -> Iterator[Document]:
+        return stack_v2_source([file], BlobStore(self.bucket, endpoint_url=self.endpoint_url), counts)
+
+
+SOURCE_FORMS = 'zyda2:<component>, finemath:<config>, stack-v2, parquet:<glob>, jsonl:<glob>'
+
+
+def parse_source(spec: str, input_folder: str | None = None, text_column: str = 'text', id_column: str | None = None,
+                 s3_endpoint: str | None = None):
+    """``--source`` -> a source object with ``files()`` and ``documents(file, counts)``."""
+    kind, _, argument = spec.partition(':')
+    if kind in ('zyda2', 'finemath', 'stack-v2') and not input_folder:
+        raise SourceError(f'{spec}: give --input, the folder the dataset was downloaded to (huggingface-cli '
+                          f'download {HUB_NAMES[kind]} --repo-type dataset --local-dir <folder>)')
+    if kind == 'zyda2':
+        return TableSource(tuple(zyda2_files(input_folder, argument)), 'text', 'nemo_id')
+    if kind == 'finemath':
+        return TableSource(tuple(finemath_files(input_folder, argument)), 'text', 'url')
+    if kind == 'stack-v2':
+        return StackV2Source(tuple(files_under(input_folder, '**/*.parquet')), s3_endpoint)
+    if kind in ('parquet', 'jsonl') and argument:
+        paths = sorted(glob.glob(argument, recursive=True))
+        if not paths:
+            raise SourceError(f'{spec}: no files match {argument}')
+        return TableSource(tuple(paths), text_column, id_column, kind)
+    raise SourceError(f"unknown source {spec!r}; use one of {SOURCE_FORMS}")
+
+
+HUB_NAMES = {'zyda2': 'Zyphra/Zyda-2', 'finemath': 'HuggingFaceTB/finemath',
+             'stack-v2': 'bigcode/the-stack-v2-train-smol-ids'}

@@ -1,0 +1,223 @@
+"""Raw documents -> tokenized, packed MDS shards, in parallel parts, resumably.
+
+Each input file is one part, converted by one worker into ``<out>/<split>/part-NNNNN/`` (written as
+``.partial`` and renamed when complete, with its ``part.json``). A re-run skips finished parts and redoes
+unfinished ones, so an interrupted conversion ends with the same token stream as an uninterrupted one.
+``<out>/<split>/index.json`` (merged over the parts, in part order) and ``<out>/manifest.json`` are written last.
+"""
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+
+from data_prep.packing import pack, tokenize_documents, write_mds
+from data_prep.sources import Counts, SourceError
+
+SPLITS = ('train', 'val')
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every part of one conversion shares (picklable, sent to the workers)."""
+    source: object           # a data_prep.sources reader spec with .files() and .documents(file, counts)
+    tokenizer_file: str
+    window: int
+    val_fraction: float
+    out: str
+
+
+def tokenizer_sha256(tokenizer_file: str) -> str:
+    with open(tokenizer_file, 'rb') as file:
+        return hashlib.sha256(file.read()).hexdigest()
+
+
+def in_validation(document_id: str, fraction: float) -> bool:
+    """A stable hash of the id decides the split, whatever the order or the number of workers."""
+    digest = hashlib.sha256(document_id.encode('utf-8')).digest()
+    return int.from_bytes(digest[:8], 'big') / 2 ** 64 < fraction
+
+
+def part_folder(out: str, split: str, index: int) -> str:
+    return os.path.join(out, split, f'part-{index:05d}')
+
+
+def part_done(out: str, index: int) -> bool:
+    return all(os.path.isfile(os.path.join(part_folder(out, split, index), 'part.json')) for split in SPLITS)
+
+
+def special_ids(tokenizer, eos_token: str | None, bos_token: str | None) -> tuple[int, int | None]:
+    """EOS id (required) and BOS id (optional) of a ``tokenizers.Tokenizer``."""
+    eos = tokenizer.token_to_id(eos_token) if eos_token else None
+    if eos is None:
+        raise SourceError(f'the tokenizer has no EOS token {eos_token!r}: pass --eos-token with one it has '
+                          f'(documents must be separated)')
+    bos = tokenizer.token_to_id(bos_token) if bos_token else None
+    if bos_token and bos is None:
+        raise SourceError(f'the tokenizer has no BOS token {bos_token!r}: pass --bos-token "" to add none')
+    return eos, bos
+
+
+def convert_part(job: Job, index: int, file: str, eos_token: str, bos_token: str | None,
+                 max_docs: int | None = None) -> dict:
+    """Tokenize one input file into its train and val part folders; returns its part.json record."""
+    from contextlib import ExitStack
+
+    from streaming import MDSWriter
+    from tokenizers import Tokenizer
+
+    from data_prep.packing import TOKENS_COLUMN, Packer
+    from llmfoundry_ext.atomic import atomic_folder
+
+    tokenizer = Tokenizer.from_file(job.tokenizer_file)
+    eos, bos = special_ids(tokenizer, eos_token, bos_token)
+    counts = Counts()
+    record = {'file': file, 'documents': {s: 0 for s in SPLITS}, 'windows': {s: 0 for s in SPLITS},
+              'tail_tokens': {}}
+    with ExitStack() as stack:
+        folders = {s: stack.enter_context(atomic_folder(part_folder(job.out, s, index))) for s in SPLITS}
+        writers = {s: MDSWriter(out=folders[s], columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb')
+                   for s in SPLITS}
+        packers = {s: Packer(job.window) for s in SPLITS}
+        documents = job.source.documents(file, counts)
+        for document, tokens in tokenized(documents, tokenizer, eos, bos, max_docs):
+            split = 'val' if in_validation(document.id, job.val_fraction) else 'train'
+            record['documents'][split] += 1
+            for window in packers[split].add(tokens):
+                writers[split].write({'tokens': window})
+                record['windows'][split] += 1
+        record['tail_tokens'] = {s: len(packers[s].buffer) for s in SPLITS}
+        record['skipped'] = counts.skipped
+        for split in SPLITS:
+            writers[split].finish()
+            with open(os.path.join(folders[split], 'part.json'), 'w') as handle:
+                json.dump(record, handle)
+    return record
+
+
+def tokenized(documents, tokenizer, eos: int, bos: int | None, max_docs: int | None, batch_size: int = 256):
+    """(document, [BOS] + ids + [EOS]) in order, encoded a batch at a time."""
+    batch = []
+    for number, document in enumerate(documents):
+        if max_docs is not None and number >= max_docs:
+            break
+        batch.append(document)
+        if len(batch) == batch_size:
+            yield from zip(batch, tokenize_documents([d.text for d in batch], tokenizer, eos, bos, batch_size))
+            batch = []
+    if batch:
+        yield from zip(batch, tokenize_documents([d.text for d in batch], tokenizer, eos, bos, batch_size))
+
+
+def merge_index(out: str, split: str, parts: int) -> int:
+    """``<out>/<split>/index.json`` over parts 0..parts-1 in order (atomically); returns the sample count."""
+    shards = []
+    for index in range(parts):
+        folder = part_folder(out, split, index)
+        with open(os.path.join(folder, 'index.json')) as file:
+            for shard in json.load(file)['shards']:
+                for key in ('raw_data', 'zip_data'):
+                    if shard.get(key):
+                        shard[key]['basename'] = os.path.join(os.path.basename(folder), shard[key]['basename'])
+                shards.append(shard)
+    path = os.path.join(out, split, 'index.json')
+    with open(path + '.tmp', 'w') as file:
+        json.dump({'version': 2, 'shards': shards}, file)
+    os.replace(path + '.tmp', path)
+    return sum(shard['samples'] for shard in shards)
+
+
+def check_output_folder(out: str, tokenizer_sha: str) -> None:
+    """An output folder started with another tokenizer is refused (mixing them would corrupt the data)."""
+    path = os.path.join(out, 'conversion.json')
+    if not os.path.isfile(path):
+        return
+    with open(path) as file:
+        previous = json.load(file)['tokenizer_sha256']
+    if previous != tokenizer_sha:
+        raise SourceError(f'{out}: was written with another tokenizer (sha256 {previous[:12]}, now '
+                          f'{tokenizer_sha[:12]}); use a new --out or the same tokenizer')
+
+
+def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max_docs: int | None = None,
+            description: dict | None = None, progress: bool = True) -> dict:
+    """Convert every part not yet done, merge the indexes, write manifest.json; returns the manifest."""
+    from tqdm import tqdm
+
+    from tokenizers import Tokenizer
+    special_ids(Tokenizer.from_file(job.tokenizer_file), eos_token, bos_token)  # fail before any work
+    job.source.check()
+    sha = tokenizer_sha256(job.tokenizer_file)
+    check_output_folder(job.out, sha)
+    os.makedirs(job.out, exist_ok=True)
+    with open(os.path.join(job.out, 'conversion.json'), 'w') as file:
+        json.dump({'tokenizer_sha256': sha, **(description or {})}, file)
+    files = job.source.files()
+    todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
+    start, tokens = time.monotonic(), 0
+    bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
+    with multiprocessing.get_context('spawn').Pool(processes, initializer=single_threaded_tokenizers) as pool:
+        arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
+        for record in pool.imap_unordered(convert_part_star, arguments):
+            tokens += sum(record['windows'].values()) * job.window
+            seconds = time.monotonic() - start
+            bar.set_postfix(tokens_per_s=f'{tokens / seconds:,.0f}')
+            bar.update()
+    bar.close()
+    return write_manifest(job, files, sha, description or {})
+
+
+def single_threaded_tokenizers() -> None:
+    os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one core per worker process
+
+
+def convert_part_star(arguments: tuple) -> dict:
+    return convert_part(*arguments)
+
+
+def write_manifest(job: Job, files: list[str], sha: str, description: dict) -> dict:
+    records = []
+    for index in range(len(files)):
+        with open(os.path.join(part_folder(job.out, 'train', index), 'part.json')) as file:
+            records.append(json.load(file))
+    skipped: dict[str, int] = {}
+    for record in records:
+        for reason, count in record['skipped'].items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    manifest = {**description, 'tokenizer': job.tokenizer_file, 'tokenizer_sha256': sha, 'window': job.window,
+                'val_fraction': job.val_fraction, 'parts': len(files), 'skipped': skipped}
+    for split in SPLITS:
+        windows = merge_index(job.out, split, len(files))
+        manifest[split] = {'documents': sum(r['documents'][split] for r in records), 'windows': windows,
+                           'tokens': windows * job.window,
+                           'tail_tokens_dropped': sum(r['tail_tokens'][split] for r in records)}
+    for folder in (job.out, *(os.path.join(job.out, split) for split in SPLITS)):  # each split is a stream
+        path = os.path.join(folder, 'manifest.json')
+        with open(path + '.tmp', 'w') as file:
+            json.dump(manifest, file, indent=2)
+        os.replace(path + '.tmp', path)
+    return manifest
+
+
+def resolve_tokenizer(name_or_path: str, out: str) -> tuple[str, str | None, str | None]:
+    """(tokenizer.json path, its EOS, its BOS) for a tokenizer.json, a folder with one, or an HF hub name
+    (saved under ``<out>/tokenizer``)."""
+    folder = name_or_path if os.path.isdir(name_or_path) else os.path.dirname(name_or_path)
+    file = os.path.join(name_or_path, 'tokenizer.json') if os.path.isdir(name_or_path) else name_or_path
+    if not os.path.isfile(file):
+        folder = os.path.join(out, 'tokenizer')
+        try:
+            from transformers import AutoTokenizer
+            AutoTokenizer.from_pretrained(name_or_path).save_pretrained(folder)
+        except OSError as error:
+            raise SourceError(f'--tokenizer {name_or_path}: neither a tokenizer.json, a folder with one, nor a '
+                              f'reachable HF name ({str(error).splitlines()[0]})') from None
+        file = os.path.join(folder, 'tokenizer.json')
+    special = {}
+    config = os.path.join(folder, 'tokenizer_config.json')
+    if os.path.isfile(config):
+        with open(config) as handle:
+            special = json.load(handle)
+    token = lambda value: value.get('content') if isinstance(value, dict) else value
+    return file, token(special.get('eos_token')), token(special.get('bos_token'))

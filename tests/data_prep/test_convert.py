@@ -1,0 +1,167 @@
+"""The converter: exact token streams with EOS between documents, a hash-based hold-out, parallel parts,
+resumption after kill -9, and one clear line for bad input."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from streaming import StreamingDataset
+
+from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
+from data_prep.packing import pack
+from data_prep.sources import SourceError, parse_source
+from data_prep.train_tokenizer import BOS, EOS, train_bpe
+from tests.conftest import REPO
+from tests.data_prep.test_sources import write_parquet
+
+WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma'.split()
+
+
+def sentence(rng) -> str:
+    return ' '.join(rng.choice(WORDS, size=rng.integers(3, 40)))
+
+
+@pytest.fixture
+def tokenizer_file(tmp_path) -> str:
+    folder = tmp_path / 'tokenizer'
+    folder.mkdir()
+    train_bpe(WORDS * 50, vocab_size=300).save(str(folder / 'tokenizer.json'))
+    return str(folder / 'tokenizer.json')
+
+
+def token_stream(folder: str) -> list[int]:
+    dataset = StreamingDataset(local=folder, shuffle=False, batch_size=1)
+    return np.concatenate([dataset[i]['tokens'] for i in range(len(dataset))]).tolist() if len(dataset) else []
+
+
+def expected_stream(parts: list[list[tuple[str, str]]], tokenizer_file: str, window: int, split: str,
+                    fraction: float) -> list[int]:
+    """Per part: its documents of ``split`` as BOS + ids + EOS, packed, tail dropped; parts in order."""
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    eos, bos = tokenizer.token_to_id(EOS), tokenizer.token_to_id(BOS)
+    stream = []
+    for documents in parts:
+        chosen = [[bos] + tokenizer.encode(text).ids + [eos] for doc_id, text in documents
+                  if in_validation(doc_id, fraction) == (split == 'val')]
+        stream.extend(np.concatenate(list(pack(chosen, window))).tolist() if chosen else [])
+    return stream
+
+
+def test_zyda2_conversion_is_exact(tmp_path, tokenizer_file):
+    rng = np.random.default_rng(0)
+    parts = []
+    for shard in range(3):
+        documents = [(f'z-{shard}-{i}', sentence(rng)) for i in range(60)]
+        write_parquet(tmp_path / 'zyda' / 'data' / 'zyda_crossdeduped-filtered ' / f'shard{shard}' / 'train.parquet',
+                      {'nemo_id': [d for d, _ in documents], 'text': [t for _, t in documents],
+                       f'extra_{shard}': [shard] * 60})
+        parts.append(documents)
+    source = parse_source('zyda2:zyda_crossdeduped-filtered', str(tmp_path / 'zyda'))
+    out = str(tmp_path / 'out')
+    manifest = convert(Job(source, tokenizer_file, 16, 0.2, out), 2, EOS, BOS, progress=False)
+
+    for split in ('train', 'val'):
+        stream = token_stream(os.path.join(out, split))
+        assert stream == expected_stream(parts, tokenizer_file, 16, split, 0.2)
+        assert manifest[split]['tokens'] == len(stream) == manifest[split]['windows'] * 16
+    val_ids = [d for documents in parts for d, _ in documents if in_validation(d, 0.2)]
+    assert manifest['val']['documents'] == len(val_ids) and 0 < len(val_ids) < 60
+    assert manifest['train']['documents'] + manifest['val']['documents'] == 180
+
+
+def test_every_document_is_recoverable_between_eos_tokens(tmp_path, tokenizer_file):
+    from tokenizers import Tokenizer
+    rng = np.random.default_rng(1)
+    texts = [sentence(rng) for _ in range(40)]
+    (tmp_path / 'docs.jsonl').write_text(''.join(json.dumps({'text': t}) + '\n' for t in texts))
+    out = str(tmp_path / 'out')
+    convert(Job(parse_source(f'jsonl:{tmp_path}/docs.jsonl'), tokenizer_file, 32, 0.0, out), 1, EOS, None,
+            progress=False)
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    eos = tokenizer.token_to_id(EOS)
+    stream = token_stream(os.path.join(out, 'train'))
+    segments, start = [], 0
+    for position, token in enumerate(stream):
+        if token == eos:
+            segments.append(stream[start:position])
+            start = position + 1
+    assert [tokenizer.decode(segment) for segment in segments] == texts[:len(segments)]
+    assert len(segments) >= 30  # only the documents in the dropped tail are missing
+
+
+def write_jsonl_parts(folder, count: int, documents: int) -> None:
+    rng = np.random.default_rng(2)
+    os.makedirs(folder)
+    for part in range(count):
+        with open(os.path.join(folder, f'part{part:02d}.jsonl'), 'w') as file:
+            for i in range(documents):
+                file.write(json.dumps({'text': sentence(rng), 'id': f'{part}-{i}'}) + '\n')
+
+
+def run_cli(tmp_path, out, tokenizer_file) -> subprocess.Popen:
+    command = [sys.executable, 'data_prep/convert_to_mds.py', '--source', f'jsonl:{tmp_path}/in/*.jsonl',
+               '--id-column', 'id', '--tokenizer', tokenizer_file, '--concat-tokens', '64', '--out', out,
+               '--processes', '1', '--val-fraction', '0.1', '--eos-token', EOS, '--bos-token', BOS]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def test_kill_9_and_rerun_gives_the_uninterrupted_token_stream(tmp_path, tokenizer_file):
+    write_jsonl_parts(tmp_path / 'in', count=12, documents=3000)
+    assert run_cli(tmp_path, str(tmp_path / 'whole'), tokenizer_file).wait(timeout=600) == 0
+
+    process = run_cli(tmp_path, str(tmp_path / 'resumed'), tokenizer_file)
+    third_part = tmp_path / 'resumed' / 'train' / 'part-00002'
+    while not third_part.exists():
+        assert process.poll() is None, 'finished before the kill'
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    finished = [p for p in os.listdir(tmp_path / 'resumed' / 'train') if not p.endswith('.partial')]
+    assert 3 <= len(finished) < 12 and not (tmp_path / 'resumed' / 'manifest.json').exists()
+
+    assert run_cli(tmp_path, str(tmp_path / 'resumed'), tokenizer_file).wait(timeout=600) == 0
+    for split in ('train', 'val'):
+        assert token_stream(str(tmp_path / 'resumed' / split)) == token_stream(str(tmp_path / 'whole' / split))
+    assert not any(p.endswith('.partial') for p in os.listdir(tmp_path / 'resumed' / 'train'))
+
+
+def test_bad_input_is_one_line(tmp_path, tokenizer_file):
+    def cli(*arguments):
+        result = subprocess.run([sys.executable, 'data_prep/convert_to_mds.py', '--tokenizer', tokenizer_file,
+                                 '--concat-tokens', '16', '--out', str(tmp_path / 'out'), *arguments], cwd=REPO,
+                                capture_output=True, text=True, timeout=120)
+        return result.returncode, result.stderr
+    assert cli('--source', 'redpajama:all') == (
+        2, "error: unknown source 'redpajama:all'; use one of zyda2:<component>, finemath:<config>, stack-v2, "
+           "parquet:<glob>, jsonl:<glob>\n")
+    write_parquet(tmp_path / 'p' / 'a.parquet', {'content': ['x']})
+    code, error = cli('--source', f'parquet:{tmp_path}/p/*.parquet')
+    assert code == 2 and error.startswith(f"error: {tmp_path}/p/a.parquet: no column 'text' (it has content)")
+    (tmp_path / 'd.jsonl').write_text('{"text": "a b"}\n')
+    assert cli('--source', f'jsonl:{tmp_path}/d.jsonl', '--eos-token', '</s>') == (
+        2, "error: the tokenizer has no EOS token '</s>': pass --eos-token with one it has (documents must be "
+           "separated)\n")
+
+
+def test_output_folder_from_another_tokenizer_is_refused(tmp_path, tokenizer_file):
+    (tmp_path / 'd.jsonl').write_text('{"text": "alpha beta"}\n')
+    source = parse_source(f'jsonl:{tmp_path}/d.jsonl')
+    convert(Job(source, tokenizer_file, 4, 0.0, str(tmp_path / 'out')), 1, EOS, None, progress=False)
+    other = tmp_path / 'other.json'
+    train_bpe(WORDS * 10, vocab_size=280).save(str(other))
+    with pytest.raises(SourceError, match=r'out: was written with another tokenizer \(sha256 \w{12}, now \w{12}\); '
+                                          r'use a new --out or the same tokenizer'):
+        convert(Job(source, str(other), 4, 0.0, str(tmp_path / 'out')), 1, EOS, None, progress=False)
+
+
+def test_resolve_tokenizer_reads_special_tokens_next_to_it(tmp_path, tokenizer_file):
+    folder = os.path.dirname(tokenizer_file)
+    with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as file:
+        json.dump({'eos_token': {'content': EOS}, 'bos_token': BOS}, file)
+    assert resolve_tokenizer(folder, str(tmp_path)) == (tokenizer_file, EOS, BOS)
