@@ -141,8 +141,10 @@ def check_output_folder(out: str, tokenizer_sha: str) -> None:
 
 
 def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max_docs: int | None = None,
-            description: dict | None = None, progress: bool = True) -> dict:
-    """Convert every part not yet done, merge the indexes, write manifest.json; returns the manifest."""
+            description: dict | None = None, progress: bool = True, threads: int | None = None) -> dict:
+    """Convert every part not yet done, merge the indexes, write manifest.json; returns the manifest.
+
+    Each worker process tokenizes with ``threads`` threads (default: the cores divided among the processes)."""
     from tqdm import tqdm
 
     from tokenizers import Tokenizer
@@ -157,7 +159,9 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
     start, tokens = time.monotonic(), 0
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
-    with multiprocessing.get_context('spawn').Pool(processes, initializer=single_threaded_tokenizers) as pool:
+    threads = threads or max(1, (os.cpu_count() or 1) // processes)
+    with multiprocessing.get_context('fork').Pool(processes, initializer=set_tokenizer_threads,
+                                                  initargs=(threads,)) as pool:
         arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
         for record in pool.imap_unordered(convert_part_star, arguments):
             tokens += sum(record['windows'].values()) * job.window
@@ -168,8 +172,11 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     return write_manifest(job, files, sha, description or {})
 
 
-def single_threaded_tokenizers() -> None:
-    os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # one core per worker process
+def set_tokenizer_threads(threads: int) -> None:
+    """Rust-side threads of ``tokenizers`` in this worker (its pool starts at the first batch encode)."""
+    os.environ['RAYON_NUM_THREADS'] = str(threads)
+    os.environ['TOKENIZERS_PARALLELISM'] = 'true' if threads > 1 else 'false'
+
 
 
 def convert_part_star(arguments: tuple) -> dict:

@@ -35,15 +35,18 @@ def pack(documents: Iterable[list[int]], window: int) -> Iterator[np.ndarray]:
 
 def tokenize_documents(texts: Iterable[str], tokenizer, eos_id: int, bos_id: int | None = None,
                        batch_size: int = 256) -> Iterator[list[int]]:
-    """Each text -> [BOS] + ids + [EOS] (a ``tokenizers.Tokenizer``, encoded in batches)."""
+    """Each text -> [BOS] + ids + [EOS] (a ``tokenizers.Tokenizer``, encoded in batches). The tokenizer's own
+    special tokens are not added (Llama-3's post-processor would add a second BOS); offsets are not computed
+    where ``encode_batch_fast`` exists (a third faster)."""
+    encode = getattr(tokenizer, 'encode_batch_fast', tokenizer.encode_batch)
     batch = []
     for text in texts:
         batch.append(text)
         if len(batch) == batch_size:
-            yield from wrap(tokenizer.encode_batch(batch), eos_id, bos_id)
+            yield from wrap(encode(batch, add_special_tokens=False), eos_id, bos_id)
             batch = []
     if batch:
-        yield from wrap(tokenizer.encode_batch(batch), eos_id, bos_id)
+        yield from wrap(encode(batch, add_special_tokens=False), eos_id, bos_id)
 
 
 def wrap(encodings, eos_id: int, bos_id: int | None) -> Iterator[list[int]]:
