@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from streaming import StreamingDataset
 
-from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
+from data_prep.convert import Job, convert, in_validation, resolve_tokenizer, tokenizer_sha256
 from data_prep.packing import pack
 from data_prep.sources import SourceError, parse_source
 from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from tests.conftest import REPO
-from tests.data_prep.test_sources import write_parquet
+from tests.data_prep.test_sources import s3_endpoint, write_parquet  # noqa: F401 (a fixture)
 
 WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma'.split()
 
@@ -165,3 +165,36 @@ def test_resolve_tokenizer_reads_special_tokens_next_to_it(tmp_path, tokenizer_f
     with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as file:
         json.dump({'eos_token': {'content': EOS}, 'bos_token': BOS}, file)
     assert resolve_tokenizer(folder, str(tmp_path)) == (tokenizer_file, EOS, BOS)
+
+
+def test_train_tokenizer_cli_then_convert_with_it(tmp_path):
+    rng = np.random.default_rng(3)
+    (tmp_path / 'd.jsonl').write_text(''.join(json.dumps({'text': sentence(rng)}) + '\n' for _ in range(200)))
+    result = subprocess.run([sys.executable, 'data_prep/train_tokenizer.py', '--source', f'jsonl:{tmp_path}/d.jsonl',
+                             '--vocab-size', '300', '--out', str(tmp_path / 'tok')], cwd=REPO, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f'wrote {tmp_path}/tok: 300 ids; skipped nothing\n'
+    file, eos, bos = resolve_tokenizer(str(tmp_path / 'tok'), str(tmp_path))
+    assert (eos, bos) == (EOS, BOS)
+    manifest = convert(Job(parse_source(f'jsonl:{tmp_path}/d.jsonl'), file, 32, 0.0, str(tmp_path / 'out')), 1,
+                       eos, bos, progress=False)
+    assert manifest['train']['documents'] == 200 and manifest['tokenizer_sha256'] == tokenizer_sha256(file)
+
+
+def test_stack_v2_through_the_converter(s3_endpoint, tmp_path, tokenizer_file, monkeypatch):
+    import gzip
+
+    from data_prep.sources import BlobStore
+    for name, value in {'AWS_ACCESS_KEY_ID': 'test', 'AWS_SECRET_ACCESS_KEY': 'test',
+                        'AWS_DEFAULT_REGION': 'us-east-1'}.items():
+        monkeypatch.setenv(name, value)
+    store = BlobStore(endpoint_url=s3_endpoint)
+    store.client.create_bucket(Bucket='softwareheritage')
+    store.client.put_object(Bucket='softwareheritage', Key='content/k1', Body=gzip.compress(b'alpha beta gamma'))
+    write_parquet(tmp_path / 'stack' / 'data' / 'train-0.parquet', {
+        'repo_name': ['r/one'], 'files': [[{'blob_id': 'k1', 'src_encoding': 'UTF-8'},
+                                            {'blob_id': 'absent', 'src_encoding': 'UTF-8'}]]})
+    source = parse_source('stack-v2', str(tmp_path / 'stack'), s3_endpoint=s3_endpoint)
+    manifest = convert(Job(source, tokenizer_file, 4, 0.0, str(tmp_path / 'out')), 1, EOS, BOS, progress=False)
+    assert manifest['train']['documents'] == 1 and manifest['skipped'] == {'missing blob': 1}
