@@ -96,15 +96,20 @@ def jsonl_source(files: list[str], text_column: str, id_column: str | None, coun
                 yield from text_documents(iter([row]), text_column, lambda r: r.get(id_column) or r['_row'], counts)
 
 
+def check_config(kind: str, config: str) -> None:
+    valid = ZYDA2_COMPONENTS if kind == 'zyda2' else FINEMATH_CONFIGS
+    if config not in valid:
+        noun = 'component' if kind == 'zyda2' else 'config'
+        raise SourceError(f"{kind}: unknown {noun} {config!r}; one of {', '.join(valid)}")
+
+
 def zyda2_files(root: str, component: str) -> list[str]:
-    if component not in ZYDA2_COMPONENTS:
-        raise SourceError(f"zyda2: unknown component {component!r}; one of {', '.join(ZYDA2_COMPONENTS)}")
+    check_config('zyda2', component)
     return files_under(os.path.join(root, 'data', ZYDA2_COMPONENTS[component]), '**/*.parquet')
 
 
 def finemath_files(root: str, config: str) -> list[str]:
-    if config not in FINEMATH_CONFIGS:
-        raise SourceError(f"finemath: unknown config {config!r}; one of {', '.join(FINEMATH_CONFIGS)}")
+    check_config('finemath', config)
     return files_under(os.path.join(root, config), '**/*.parquet')
 
 
@@ -185,6 +190,39 @@ class StackV2Source:
         return stack_v2_source([file], BlobStore(self.bucket, endpoint_url=self.endpoint_url), counts)
 
 
+@dataclass(frozen=True)
+class HubSource:
+    """A dataset read with ``datasets`` streaming (from the hub, or a builder such as 'parquet' over
+    ``data_files``); its file shards are the parts."""
+    path: str
+    name: str | None = None
+    data_files: str | None = None
+    text_column: str = 'text'
+    id_column: str | None = None
+
+    def stream(self):
+        from datasets import load_dataset
+        return load_dataset(self.path, name=self.name, data_files=self.data_files, split='train', streaming=True)
+
+    def files(self) -> list[str]:
+        return [f'{self.path}/{self.name or ""}#shard-{i}' for i in range(self.stream().num_shards)]
+
+    def check(self) -> None:
+        columns = self.stream().column_names
+        for column in [self.text_column] + ([self.id_column] if self.id_column else []):
+            if columns is not None and column not in columns:
+                raise SourceError(f'{self.path} {self.name or ""}: no column {column!r} (it has {", ".join(columns)})')
+
+    def documents(self, part: str, counts: Counts) -> Iterator[Document]:
+        stream = self.stream()
+        index = int(part.rsplit('#shard-', 1)[1])
+        rows = stream.shard(num_shards=stream.num_shards, index=index).select_columns(
+            [self.text_column] + ([self.id_column] if self.id_column else []))
+        numbered = ({**row, '_row': f'{part}:{i}'} for i, row in enumerate(rows))
+        return text_documents(numbered, self.text_column, lambda r: r[self.id_column] if self.id_column else r['_row'],
+                              counts)
+
+
 SOURCE_FORMS = 'zyda2:<component>, finemath:<config>, stack-v2, parquet:<glob>, jsonl:<glob>'
 
 
@@ -192,8 +230,11 @@ def parse_source(spec: str, input_folder: str | None = None, text_column: str = 
                  s3_endpoint: str | None = None):
     """``--source`` -> a source object with ``files()`` and ``documents(file, counts)``."""
     kind, _, argument = spec.partition(':')
-    if kind in ('zyda2', 'finemath', 'stack-v2') and not input_folder:
-        raise SourceError(f'{spec}: give --input, the folder the dataset was downloaded to (huggingface-cli '
+    if kind in ('zyda2', 'finemath') and not input_folder:  # no local copy: stream from the hub
+        check_config(kind, argument)
+        return HubSource(HUB_NAMES[kind], argument, None, 'text', 'nemo_id' if kind == 'zyda2' else 'url')
+    if kind == 'stack-v2' and not input_folder:
+        raise SourceError(f'{spec}: give --input, the folder of the gated smol-ids parquet files (huggingface-cli '
                           f'download {HUB_NAMES[kind]} --repo-type dataset --local-dir <folder>)')
     if kind == 'zyda2':
         return TableSource(tuple(zyda2_files(input_folder, argument)), 'text', 'nemo_id')

@@ -198,3 +198,19 @@ def test_stack_v2_through_the_converter(s3_endpoint, tmp_path, tokenizer_file, m
     source = parse_source('stack-v2', str(tmp_path / 'stack'), s3_endpoint=s3_endpoint)
     manifest = convert(Job(source, tokenizer_file, 4, 0.0, str(tmp_path / 'out')), 1, EOS, BOS, progress=False)
     assert manifest['train']['documents'] == 1 and manifest['skipped'] == {'missing blob': 1}
+
+
+def test_datasets_streaming_source_gives_the_same_stream_as_the_local_files(tmp_path, tokenizer_file):
+    """The hub path (datasets streaming, one part per file shard), run here on local parquet files."""
+    from data_prep.sources import HubSource
+    rng = np.random.default_rng(4)
+    for shard in range(3):
+        write_parquet(tmp_path / 'hub' / f'train-{shard}.parquet',
+                      {'url': [f'u{shard}-{i}' for i in range(50)], 'text': [sentence(rng) for _ in range(50)]})
+    streamed = HubSource('parquet', None, f'{tmp_path}/hub/*.parquet', 'text', 'url')
+    assert len(streamed.files()) == 3
+    local = parse_source(f'parquet:{tmp_path}/hub/*.parquet', id_column='url')
+    for name, source in (('streamed', streamed), ('local', local)):
+        convert(Job(source, tokenizer_file, 16, 0.1, str(tmp_path / name)), 2, EOS, BOS, progress=False)
+    for split in ('train', 'val'):
+        assert token_stream(str(tmp_path / 'streamed' / split)) == token_stream(str(tmp_path / 'local' / split))

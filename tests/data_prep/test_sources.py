@@ -121,3 +121,12 @@ def test_stack_v2_repositories_from_s3(s3_endpoint, tmp_path, monkeypatch):
     assert documents == [Document('a/one', 'def f():\n    return 1\n\n\nprint("é")\n'),
                          Document('c/three', '# only file\n')]
     assert counts.skipped == {'missing blob': 2, 'repository with no readable file': 1}
+
+
+def test_without_a_local_copy_zyda2_and_finemath_stream_from_the_hub():
+    from data_prep.sources import HubSource, parse_source
+    assert parse_source('zyda2:fwe3') == HubSource('Zyphra/Zyda-2', 'fwe3', None, 'text', 'nemo_id')
+    assert parse_source('finemath:finemath-4plus') == HubSource('HuggingFaceTB/finemath', 'finemath-4plus', None,
+                                                                'text', 'url')
+    with pytest.raises(SourceError, match='stack-v2: give --input, the folder of the gated smol-ids parquet files'):
+        parse_source('stack-v2')
