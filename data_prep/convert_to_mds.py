@@ -5,7 +5,8 @@
 
 Sources: zyda2:<component> (dclm_crossdeduped, fwe3, dolma-cc_crossdeduped-filtered, zyda_crossdeduped-filtered),
 finemath:<config>, stack-v2 (smol-ids rows; contents from s3://softwareheritage, AWS credentials from the
-environment), parquet:<glob>, jsonl:<glob>. --input is the folder `huggingface-cli download` filled.
+environment), parquet:<glob>, jsonl:<glob>. --input is the folder `huggingface-cli download` filled;
+without it, zyda2 and finemath stream from the hub.
 Re-run the same command after an interruption: finished parts are kept, the others redone.
 """
 import argparse
