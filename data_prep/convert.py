@@ -128,16 +128,23 @@ def merge_index(out: str, split: str, parts: int) -> int:
     return sum(shard['samples'] for shard in shards)
 
 
-def check_output_folder(out: str, tokenizer_sha: str) -> None:
-    """An output folder started with another tokenizer is refused (mixing them would corrupt the data)."""
+def start_output_folder(out: str, tokenizer_sha: str, files: list[str], description: dict) -> None:
+    """Record what this conversion is; an output folder started with another tokenizer or other input files
+    is refused (mixing them would corrupt the data or misnumber the parts)."""
     path = os.path.join(out, 'conversion.json')
-    if not os.path.isfile(path):
-        return
-    with open(path) as file:
-        previous = json.load(file)['tokenizer_sha256']
-    if previous != tokenizer_sha:
-        raise SourceError(f'{out}: was written with another tokenizer (sha256 {previous[:12]}, now '
-                          f'{tokenizer_sha[:12]}); use a new --out or the same tokenizer')
+    if os.path.isfile(path):
+        with open(path) as file:
+            previous = json.load(file)
+        if previous['tokenizer_sha256'] != tokenizer_sha:
+            raise SourceError(f"{out}: was written with another tokenizer (sha256 {previous['tokenizer_sha256'][:12]}, "
+                              f"now {tokenizer_sha[:12]}); use a new --out or the same tokenizer")
+        if previous['files'] != files:
+            raise SourceError(f'{out}: was started on other input files ({len(previous["files"])} then, '
+                              f'{len(files)} now); use a new --out or the same input')
+    os.makedirs(out, exist_ok=True)
+    with open(path + '.tmp', 'w') as file:
+        json.dump({'tokenizer_sha256': tokenizer_sha, 'files': files, **description}, file)
+    os.replace(path + '.tmp', path)
 
 
 def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max_docs: int | None = None,
@@ -151,13 +158,10 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     special_ids(Tokenizer.from_file(job.tokenizer_file), eos_token, bos_token)  # fail before any work
     job.source.check()
     sha = tokenizer_sha256(job.tokenizer_file)
-    check_output_folder(job.out, sha)
-    os.makedirs(job.out, exist_ok=True)
-    with open(os.path.join(job.out, 'conversion.json'), 'w') as file:
-        json.dump({'tokenizer_sha256': sha, **(description or {})}, file)
     files = job.source.files()
+    start_output_folder(job.out, sha, files, description or {})
     todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
-    start, tokens = time.monotonic(), 0
+    start, tokens, documents = time.monotonic(), 0, 0
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
     threads = threads or max(1, (os.cpu_count() or 1) // processes)
     with multiprocessing.get_context('fork').Pool(processes, initializer=set_tokenizer_threads,
@@ -165,8 +169,9 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
         arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
         for record in pool.imap_unordered(convert_part_star, arguments):
             tokens += sum(record['windows'].values()) * job.window
+            documents += sum(record['documents'].values())
             seconds = time.monotonic() - start
-            bar.set_postfix(tokens_per_s=f'{tokens / seconds:,.0f}')
+            bar.set_postfix(docs_per_s=f'{documents / seconds:,.0f}', tokens_per_s=f'{tokens / seconds:,.0f}')
             bar.update()
     bar.close()
     return write_manifest(job, files, sha, description or {})

@@ -160,6 +160,17 @@ def test_output_folder_from_another_tokenizer_is_refused(tmp_path, tokenizer_fil
         convert(Job(source, str(other), 4, 0.0, str(tmp_path / 'out')), 1, EOS, None, progress=False)
 
 
+def test_output_folder_from_other_input_files_is_refused(tmp_path, tokenizer_file):
+    (tmp_path / 'a.jsonl').write_text('{"text": "alpha beta"}\n')
+    convert(Job(parse_source(f'jsonl:{tmp_path}/*.jsonl'), tokenizer_file, 4, 0.0, str(tmp_path / 'out')), 1, EOS,
+            None, progress=False)
+    (tmp_path / 'b.jsonl').write_text('{"text": "gamma delta"}\n')
+    with pytest.raises(SourceError, match=r'out: was started on other input files \(1 then, 2 now\); use a new '
+                                          r'--out or the same input'):
+        convert(Job(parse_source(f'jsonl:{tmp_path}/*.jsonl'), tokenizer_file, 4, 0.0, str(tmp_path / 'out')), 1,
+                EOS, None, progress=False)
+
+
 def test_resolve_tokenizer_reads_special_tokens_next_to_it(tmp_path, tokenizer_file):
     folder = os.path.dirname(tokenizer_file)
     with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as file:
