@@ -12,8 +12,11 @@ import os
 import time
 from dataclasses import dataclass
 
-from data_prep.packing import pack, tokenize_documents, write_mds
+from data_prep.packing import tokenize_documents
 from data_prep.sources import Counts, SourceError
+from llmfoundry_ext.atomic import write_atomically
+from llmfoundry_ext.config import tokenizer_file
+from llmfoundry_ext.data.manifest import MANIFEST, file_sha256
 
 SPLITS = ('train', 'val')
 
@@ -26,11 +29,6 @@ class Job:
     window: int
     val_fraction: float
     out: str
-
-
-def tokenizer_sha256(tokenizer_file: str) -> str:
-    with open(tokenizer_file, 'rb') as file:
-        return hashlib.sha256(file.read()).hexdigest()
 
 
 def in_validation(document_id: str, fraction: float) -> bool:
@@ -121,10 +119,7 @@ def merge_index(out: str, split: str, parts: int) -> int:
                     if shard.get(key):
                         shard[key]['basename'] = os.path.join(os.path.basename(folder), shard[key]['basename'])
                 shards.append(shard)
-    path = os.path.join(out, split, 'index.json')
-    with open(path + '.tmp', 'w') as file:
-        json.dump({'version': 2, 'shards': shards}, file)
-    os.replace(path + '.tmp', path)
+    write_atomically(os.path.join(out, split, 'index.json'), json.dumps({'version': 2, 'shards': shards}))
     return sum(shard['samples'] for shard in shards)
 
 
@@ -142,9 +137,7 @@ def start_output_folder(out: str, tokenizer_sha: str, files: list[str], descript
             raise SourceError(f'{out}: was started on other input files ({len(previous["files"])} then, '
                               f'{len(files)} now); use a new --out or the same input')
     os.makedirs(out, exist_ok=True)
-    with open(path + '.tmp', 'w') as file:
-        json.dump({'tokenizer_sha256': tokenizer_sha, 'files': files, **description}, file)
-    os.replace(path + '.tmp', path)
+    write_atomically(path, json.dumps({'tokenizer_sha256': tokenizer_sha, 'files': files, **description}))
 
 
 def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max_docs: int | None = None,
@@ -157,7 +150,7 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     from tokenizers import Tokenizer
     special_ids(Tokenizer.from_file(job.tokenizer_file), eos_token, bos_token)  # fail before any work
     job.source.check()
-    sha = tokenizer_sha256(job.tokenizer_file)
+    sha = file_sha256(job.tokenizer_file)
     files = job.source.files()
     start_output_folder(job.out, sha, files, description or {})
     todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
@@ -205,10 +198,7 @@ def write_manifest(job: Job, files: list[str], sha: str, description: dict) -> d
                            'tokens': windows * job.window,
                            'tail_tokens_dropped': sum(r['tail_tokens'][split] for r in records)}
     for folder in (job.out, *(os.path.join(job.out, split) for split in SPLITS)):  # each split is a stream
-        path = os.path.join(folder, 'manifest.json')
-        with open(path + '.tmp', 'w') as file:
-            json.dump(manifest, file, indent=2)
-        os.replace(path + '.tmp', path)
+        write_atomically(os.path.join(folder, MANIFEST), json.dumps(manifest, indent=2))
     return manifest
 
 
@@ -216,7 +206,7 @@ def resolve_tokenizer(name_or_path: str, out: str) -> tuple[str, str | None, str
     """(tokenizer.json path, its EOS, its BOS) for a tokenizer.json, a folder with one, or an HF hub name
     (saved under ``<out>/tokenizer``)."""
     folder = name_or_path if os.path.isdir(name_or_path) else os.path.dirname(name_or_path)
-    file = os.path.join(name_or_path, 'tokenizer.json') if os.path.isdir(name_or_path) else name_or_path
+    file = tokenizer_file(name_or_path)
     if not os.path.isfile(file):
         folder = os.path.join(out, 'tokenizer')
         try:

@@ -13,3 +13,10 @@ def atomic_folder(out: str):
     yield partial
     shutil.rmtree(out, ignore_errors=True)
     os.replace(partial, out)
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or the new file."""
+    with open(path + '.tmp', 'w') as file:
+        file.write(text)
+    os.replace(path + '.tmp', path)

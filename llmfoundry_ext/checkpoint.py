@@ -155,8 +155,8 @@ def save_hf(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str, dty
 
 def write_hf_tokenizer(tokenizer: str, folder: str) -> None:
     """tokenizer.json (+ a tokenizer_config.json naming PreTrainedTokenizerFast) for AutoTokenizer."""
-    source = os.path.join(tokenizer, 'tokenizer.json') if os.path.isdir(tokenizer) else tokenizer
-    shutil.copy(source, os.path.join(folder, 'tokenizer.json'))
+    from llmfoundry_ext.config import tokenizer_file
+    shutil.copy(tokenizer_file(tokenizer), os.path.join(folder, 'tokenizer.json'))
     for name in ('tokenizer_config.json', 'special_tokens_map.json'):
         if os.path.isdir(tokenizer) and os.path.isfile(os.path.join(tokenizer, name)):
             shutil.copy(os.path.join(tokenizer, name), os.path.join(folder, name))

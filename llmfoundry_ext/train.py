@@ -6,6 +6,7 @@ import sys
 import torch
 from omegaconf import OmegaConf
 
+from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.config import ConfigError, TrainConfig, load, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 
@@ -72,10 +73,7 @@ def write_resolved_config(config: TrainConfig) -> None:
     if folder is None:
         return
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, 'config.yaml')
-    with open(path + '.tmp', 'w') as file:
-        file.write(OmegaConf.to_yaml(dataclasses.asdict(config)))
-    os.replace(path + '.tmp', path)
+    write_atomically(os.path.join(folder, 'config.yaml'), OmegaConf.to_yaml(dataclasses.asdict(config)))
 
 
 ORDER_KEYS = ('seed', 'global_batch_size', 'max_seq_len', 'objective', 'data.document_masking', 'data.train.streams',

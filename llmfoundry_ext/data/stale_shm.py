@@ -10,7 +10,6 @@ a job starting beside us maps its segments as it creates them, so it is never to
 """
 import os
 import re
-import time
 from tempfile import gettempdir
 
 import psutil

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 from streaming import StreamingDataset
 
-from data_prep.convert import Job, convert, in_validation, resolve_tokenizer, tokenizer_sha256
+from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
 from data_prep.packing import pack
 from data_prep.sources import SourceError, parse_source
 from data_prep.train_tokenizer import BOS, EOS, train_bpe
+from llmfoundry_ext.data.manifest import file_sha256
 from tests.conftest import REPO
-from tests.data_prep.test_sources import s3_endpoint, write_parquet  # noqa: F401 (a fixture)
+from tests.data_prep.test_sources import write_parquet
 
 WORDS = 'alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma'.split()
 
@@ -190,7 +191,7 @@ def test_train_tokenizer_cli_then_convert_with_it(tmp_path):
     assert (eos, bos) == (EOS, BOS)
     manifest = convert(Job(parse_source(f'jsonl:{tmp_path}/d.jsonl'), file, 32, 0.0, str(tmp_path / 'out')), 1,
                        eos, bos, progress=False)
-    assert manifest['train']['documents'] == 200 and manifest['tokenizer_sha256'] == tokenizer_sha256(file)
+    assert manifest['train']['documents'] == 200 and manifest['tokenizer_sha256'] == file_sha256(file)
 
 
 def test_stack_v2_through_the_converter(s3_endpoint, tmp_path, tokenizer_file, monkeypatch):

@@ -1,11 +1,7 @@
 """Source readers on small local fixtures with each dataset's real layout and schema; Stack-v2 over real S3 calls
-to a moto server on 127.0.0.1."""
+to a moto server on 127.0.0.1 (the s3_endpoint fixture)."""
 import gzip
 import os
-import socket
-import subprocess
-import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -72,30 +68,6 @@ def test_jsonl_counts_non_utf8_and_empty_rows(tmp_path):
     counts = Counts()
     assert read(jsonl_source([str(path)], 'text', 'id', counts)) == [('docs.jsonl:0', 'good one'), ('x', 'good two')]
     assert counts.skipped == {'not UTF-8 JSON': 1, 'empty or missing text': 1}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(('127.0.0.1', 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope='module')
-def s3_endpoint():
-    """A moto S3 server on 127.0.0.1 (a real HTTP endpoint: boto3 is not patched)."""
-    port = free_port()
-    server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), 'moto_server'), '-p', str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(('127.0.0.1', port), timeout=1).close()
-            break
-        except OSError:
-            time.sleep(0.1)
-    yield f'http://127.0.0.1:{port}'
-    server.terminate()
-    server.wait()
 
 
 def test_stack_v2_repositories_from_s3(s3_endpoint, tmp_path, monkeypatch):
