@@ -6,6 +6,7 @@ unfinished ones, so an interrupted conversion ends with the same token stream as
 ``<out>/<split>/index.json`` (merged over the parts, in part order) and ``<out>/manifest.json`` are written last.
 """
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -94,18 +95,11 @@ def convert_part(job: Job, index: int, file: str, eos_token: str, bos_token: str
     return record
 
 
-def tokenized(documents, tokenizer, eos: int, bos: int | None, max_docs: int | None, batch_size: int = 256):
-    """(document, [BOS] + ids + [EOS]) in order, encoded a batch at a time."""
-    batch = []
-    for number, document in enumerate(documents):
-        if max_docs is not None and number >= max_docs:
-            break
-        batch.append(document)
-        if len(batch) == batch_size:
-            yield from zip(batch, tokenize_documents([d.text for d in batch], tokenizer, eos, bos, batch_size))
-            batch = []
-    if batch:
-        yield from zip(batch, tokenize_documents([d.text for d in batch], tokenizer, eos, bos, batch_size))
+def tokenized(documents, tokenizer, eos: int, bos: int | None, max_docs: int | None):
+    """(document, [BOS] + ids + [EOS]) in order; ``tokenize_documents`` encodes a batch at a time, and the tee
+    holds only the documents of the batch in flight."""
+    ours, texts = itertools.tee(itertools.islice(documents, max_docs))
+    return zip(ours, tokenize_documents((document.text for document in texts), tokenizer, eos, bos))
 
 
 def merge_index(out: str, split: str, parts: int) -> int:
