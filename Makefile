@@ -9,10 +9,11 @@ RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1
 
 install: $(INSTALLED)
 
+# --no-cache-dir: the CUDA torch wheels are ~3 GB; caching them too doubled the disk a clean install needs.
 $(INSTALLED): setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
+	$(BIN)/python -m pip install -q --no-cache-dir -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)
