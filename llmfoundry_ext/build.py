@@ -1,5 +1,4 @@
 """TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
-import dataclasses
 import os
 
 import torch
@@ -21,6 +20,7 @@ def build_model(config: TrainConfig) -> LlamaLM:
     init_device = resolve_init_device(config)
     with torch.device(init_device):
         transformer = Transformer(config.model.llama())
+    speed_up(transformer, config)
     model = LlamaLM(transformer)
     if init_device == 'meta':
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
@@ -42,9 +42,49 @@ def resolve_init_device(config: TrainConfig) -> str:
     return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
-def build_parallelism(config: TrainConfig):
+def speed_up(transformer: Transformer, config: TrainConfig) -> None:
+    """Float8 linears (torchao), per-block torch.compile, and which blocks Composer checkpoints; applied before
+    Composer wraps the blocks for activation checkpointing and shards them."""
+    if config.model.float8:
+        from torchao.float8 import convert_to_float8_training
+        init_stds = {name: m.init_std for name, m in transformer.layers.named_modules() if hasattr(m, 'init_std')}
+        convert_to_float8_training(transformer.layers, module_filter_fn=float8_eligible)
+        for name, std in init_stds.items():  # the swapped-in Float8Linear modules keep the depth-scaled init
+            transformer.layers.get_submodule(name).init_std = std
+    if config.model.compile:
+        for block in transformer.layers:
+            block.compile()
+    transformer.checkpoint_every = checkpoint_every(config)
+
+
+def checkpoint_every(config: TrainConfig) -> int:
+    """Activation checkpointing of every k-th block: 0 none, 1 full, ``checkpoint_every`` selective."""
     fsdp = config.parallelism.fsdp
-    return {'fsdp': FSDP2Config(**dataclasses.asdict(fsdp))} if fsdp else None
+    if fsdp is None or fsdp.activation_checkpointing == 'none':
+        return 0
+    return 1 if fsdp.activation_checkpointing == 'full' else fsdp.checkpoint_every
+
+
+def float8_eligible(module: torch.nn.Module, name: str) -> bool:
+    """float8 GEMMs need both dimensions divisible by 16."""
+    return isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def build_parallelism(config: TrainConfig):
+    """Composer's FSDP2: a 1-D mesh (FSDP) or, with ``replicate_degree`` > 1, a (replicate, shard) mesh (HSDP)."""
+    fsdp = config.parallelism.fsdp
+    if fsdp is None:
+        return None
+    mesh = None
+    if fsdp.replicate_degree > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        shape = (fsdp.replicate_degree, dist.get_world_size() // fsdp.replicate_degree)
+        mesh = init_device_mesh('cuda' if torch.cuda.is_available() else 'cpu', shape,
+                                mesh_dim_names=('replicate', 'shard'))
+    return {'fsdp': FSDP2Config(
+        device_mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward,
+        activation_checkpointing=fsdp.activation_checkpointing != 'none', state_dict_type=fsdp.state_dict_type,
+        mixed_precision=fsdp.mixed_precision)}
 
 
 def build_named(kind: str, entries: dict, defaults: dict | None = None) -> list:
@@ -67,8 +107,9 @@ def build_collator(config: TrainConfig) -> Collator:
         mask_token_id=mask_token_id(config) if objective.name == 'mlm' else None)
 
 
-def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = ()) -> Trainer:
-    model = build_model(config)
+def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), model=None) -> Trainer:
+    """Composer's Trainer for the run; ``model`` replaces the config's Llama (same data, optimizer, FSDP2)."""
+    model = model or build_model(config)
     optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
     optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
     schedulers = []

@@ -29,6 +29,8 @@ class ModelConfig(LlamaConfig):
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
     init_from: Optional[str] = None  # HF Llama folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
+    compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU)
+    float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
 
     def llama(self) -> LlamaConfig:
         names = [f.name for f in dataclasses.fields(LlamaConfig)]
@@ -80,9 +82,12 @@ class ObjectiveConfig:
 
 @dataclass
 class FSDPConfig:
-    """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``."""
-    reshard_after_forward: bool = True
-    activation_checkpointing: bool = False
+    """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``, bf16 params and fp32 gradient reduction
+    under amp_bf16 (``mixed_precision: DEFAULT``)."""
+    reshard_after_forward: bool = True  # false: keep gathered params from forward to backward (more memory)
+    activation_checkpointing: str = 'none'  # none, full (every block), selective (every checkpoint_every-th)
+    checkpoint_every: int = 2
+    replicate_degree: int = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs
     state_dict_type: str = 'sharded'
     mixed_precision: str = 'DEFAULT'
 
@@ -254,17 +259,13 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 def validate(config: TrainConfig) -> None:
     """Cross-field checks that must fail before any process group or GPU memory exists."""
     from llmfoundry_ext import registry
-    from llmfoundry_ext.model.attention import BackendUnavailableError, check_backend
 
     check_positive(config, ('global_batch_size', 'max_seq_len'))
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
     check_init_from(config.model)
     check_objective(config)
-    try:
-        check_backend(config.model.attn_impl)
-    except BackendUnavailableError as error:
-        raise ConfigError(f'model.attn_impl: {error}') from None
+    check_performance(config)
     if config.precision not in PRECISIONS:
         raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
     if config.checkpoint.autoresume and not config.checkpoint.save_folder:
@@ -333,10 +334,41 @@ def check_objective(config: TrainConfig) -> None:
         mask_token_id(config)
     if config.data.document_masking:
         eos_token_id(config)
-        from llmfoundry_ext.model.attention import MASKING_BACKENDS
-        if config.model.attn_impl not in MASKING_BACKENDS:
-            raise ConfigError(f"model.attn_impl: '{config.model.attn_impl}' cannot mask attention by document yet; "
-                              f"use one of {', '.join(MASKING_BACKENDS)} or data.document_masking=false")
+
+
+AC_MODES = ('none', 'full', 'selective')
+
+
+def check_performance(config: TrainConfig) -> None:
+    """Attention backend, fused kernels, float8 and FSDP2 options: each installed and consistent."""
+    import torch
+
+    from llmfoundry_ext.model.attention import SDPA_KERNELS, has_module, missing_reason
+    from llmfoundry_ext.model.fused import fused_kernels_problem
+
+    model = config.model
+    problems = {'model.attn_impl': missing_reason(model.attn_impl),
+                'model.fused_kernels': fused_kernels_problem(model.fused_kernels, torch.cuda.is_available())}
+    if model.sdpa_kernel not in SDPA_KERNELS:
+        problems['model.sdpa_kernel'] = f"'{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}"
+    if model.float8 and not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+        problems['model.float8'] = ('float8 training needs an H100-class GPU (compute capability 8.9+); '
+                                    'set model.float8=false')
+    elif model.float8 and not has_module('torchao'):
+        problems['model.float8'] = "needs the torchao package, which is not installed: pip install torchao"
+    fsdp = config.parallelism.fsdp
+    if fsdp is not None:
+        if fsdp.activation_checkpointing not in AC_MODES:
+            problems['parallelism.fsdp.activation_checkpointing'] = (
+                f"'{fsdp.activation_checkpointing}' is not one of {', '.join(AC_MODES)}")
+        if fsdp.checkpoint_every < 1:
+            problems['parallelism.fsdp.checkpoint_every'] = f'must be >= 1, got {fsdp.checkpoint_every}'
+        if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
+            problems['parallelism.fsdp.replicate_degree'] = (
+                f'{fsdp.replicate_degree} does not divide the world size {world_size()}')
+    for key, problem in problems.items():
+        if problem:
+            raise ConfigError(f'{key}: {problem}')
 
 
 def token_id(config: TrainConfig, token: str, given: Optional[int], key: str) -> int:

@@ -34,8 +34,10 @@ def check_hardware(config: TrainConfig) -> None:
         raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
 
 
-def train(config: TrainConfig, extra_callbacks: list = ()):
-    """Build everything from the config, print the start summary, fit, and return the Trainer."""
+def train(config: TrainConfig, extra_callbacks: list = (), model=None):
+    """Build everything from the config, print the start summary, fit, and return the Trainer.
+
+    ``model``: a ComposerModel to train instead of the config's Llama (the benchmark's HF baseline)."""
     from composer.utils import dist, get_device, reproducibility
 
     from llmfoundry_ext.build import build_trainer
@@ -48,7 +50,7 @@ def train(config: TrainConfig, extra_callbacks: list = ()):
         if removed:
             print(f"removed streaming shared memory left by crashed runs: prefixes {', '.join(removed)}", flush=True)
     dist.barrier()
-    trainer = build_trainer(config, device, extra_callbacks)
+    trainer = build_trainer(config, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1
     if dist.get_global_rank() == 0:
         print(start_summary(config, trainer), flush=True)
@@ -104,7 +106,8 @@ def to_text(value) -> str:
 
 def start_summary(config: TrainConfig, trainer) -> str:
     """What this run is, in the numbers a user checks first; says whether it resumed."""
-    from llmfoundry_ext.model.attention import resolved_backend
+    from llmfoundry_ext.build import checkpoint_every
+    from llmfoundry_ext.model.attention import choose_backend
 
     state = trainer.state
     model = config.model
@@ -113,8 +116,12 @@ def start_summary(config: TrainConfig, trainer) -> str:
     lines = [
         f'run {config.run_name}: Llama preset {model.preset} ({model.llama().num_params():,} parameters, '
         f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
-        f'  world size {world_size()}, precision {config.precision}, attention {resolved_backend(model.attn_impl)}, '
-        f"{'FSDP2' if config.parallelism.fsdp else 'DDP'}",
+        f'  world size {world_size()}, precision {config.precision}, attention '
+        f'{choose_backend(model.attn_impl, config.data.document_masking, torch.cuda.is_available())}'
+        f"{' (document masking)' if config.data.document_masking else ''}, "
+        f"{'FSDP2' if config.parallelism.fsdp else 'DDP'}, activation checkpointing every "
+        f'{checkpoint_every(config) or "no"} block(s), compiled blocks {model.compile}, '
+        f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {model.llama().flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),

@@ -7,9 +7,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.model.attention import has_module
 from tests.conftest import REPO, write_yaml
 
 
@@ -94,7 +96,21 @@ BAD_CONFIGS = [
      "model.attn_impl: attn_impl 'flash' needs the flash-attn package, which is not installed: pip install "
      "'llmfoundry_ext[gpu]' (or the ROCm build on AMD), or set model.attn_impl=auto"),
     (change('model.attn_impl', 'fast'),
-     "model.attn_impl: attn_impl 'fast' is unknown; choose one of auto, sdpa, eager, flash"),
+     "model.attn_impl: attn_impl 'fast' is unknown; choose one of auto, sdpa, flash, varlen, flex, eager"),
+    (change('model.sdpa_kernel', 'cudnn9'),
+     "model.sdpa_kernel: 'cudnn9' is not one of auto, cudnn, flash, efficient, math"),
+    (change('model.fused_kernels', ['layer_norm']),
+     "model.fused_kernels: unknown fused kernel 'layer_norm'; choose from cross_entropy, rms_norm, swiglu, rope"),
+    (change('model.float8', True),
+     'model.float8: float8 training needs an H100-class GPU (compute capability 8.9+); set model.float8=false'),
+    (change('parallelism.fsdp.activation_checkpointing', 'some'),
+     "parallelism.fsdp.activation_checkpointing: 'some' is not one of none, full, selective"),
+    (change('parallelism.fsdp.activation_checkpointing', True),
+     'parallelism.fsdp.activation_checkpointing: expected str, got bool True'),
+    (change('parallelism.fsdp.checkpoint_every', 0),
+     'parallelism.fsdp.checkpoint_every: must be >= 1, got 0'),
+    (change('parallelism.fsdp.replicate_degree', 3),
+     'parallelism.fsdp.replicate_degree: 3 does not divide the world size 1'),
     (change('parallelism.fsdp.reshard', True),
      "parallelism.fsdp.reshard: unknown key; did you mean 'reshard_after_forward'?"),
     (change('checkpoint.save_folder', None),
@@ -117,6 +133,27 @@ BAD_CONFIGS = [
     (change('data.train.streams', []),
      'data.train.streams: expected a mapping, got list []'),
 ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU messages of backends a GPU machine may have')
+@pytest.mark.parametrize('key, value, message', [
+    ('model.attn_impl', 'varlen',
+     f"model.attn_impl: attn_impl 'varlen' needs torch.nn.attention.varlen (PyTorch >= 2.10; this is "
+     f"{torch.__version__}): upgrade torch, or set model.attn_impl=flex, flash or auto"),
+    ('model.fused_kernels', ['cross_entropy'],
+     "model.fused_kernels: fused kernels need the liger-kernel package, which is not installed: "
+     "pip install 'llmfoundry_ext[gpu]', or set model.fused_kernels=[]"),
+])
+def test_missing_backend_or_kernel_is_one_line(tiny_config, tmp_path, key, value, message):
+    if key == 'model.attn_impl' and has_module('torch.nn.attention.varlen'):
+        pytest.skip('this torch has varlen attention')
+    if key == 'model.fused_kernels' and has_module('liger_kernel'):
+        pytest.skip('liger-kernel is installed')
+    config = copy.deepcopy(tiny_config)
+    change(key, value)(config)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(config, tmp_path / 'run.yaml'))
+    assert str(caught.value) == message
 
 
 @pytest.mark.parametrize('mutate, message', BAD_CONFIGS, ids=[m for _, m in BAD_CONFIGS])

@@ -1,7 +1,8 @@
 """Token windows -> training batches: next-token labels, document boundaries, masked-LM masking.
 
 Batches hold ``input_ids`` [B, S], ``labels`` [B, S] (-100: no loss) and ``sample_ids`` [B]; with document
-masking also ``position_ids`` [B, S] (restarting after each EOS) and ``cu_seqlens`` [documents + 1].
+masking also ``position_ids`` [B, S], restarting after each EOS: the model derives each attention backend's
+document mask from them (cu_seqlens for varlen kernels), per micro-batch.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -29,19 +30,15 @@ def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
     return labels
 
 
-def document_boundaries(input_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """position_ids [B, S] restarting at 0 after every EOS and at each row's start; cu_seqlens [N + 1] (int32):
-    the offsets of the N documents in the flattened batch, as varlen attention kernels take them."""
+def document_positions(input_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """position_ids [B, S] restarting at 0 after every EOS and at each row's start."""
     batch, seq_len = input_ids.shape
     starts = torch.zeros_like(input_ids, dtype=torch.bool)
     starts[:, 0] = True
     starts[:, 1:] = input_ids[:, :-1] == eos_id
     index = torch.arange(seq_len).expand(batch, seq_len)
     last_start = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
-    position_ids = index - last_start
-    offsets = torch.nonzero(starts.flatten()).flatten()
-    cu_seqlens = torch.cat([offsets, torch.tensor([batch * seq_len])]).to(torch.int32)
-    return position_ids, cu_seqlens
+    return index - last_start
 
 
 def mlm_mask(sample_ids: torch.Tensor, seq_len: int, probability: float, seed: int) -> torch.Tensor:
@@ -56,7 +53,7 @@ class Collator:
     """Builds the batch for the run's objective (``clm`` or ``mlm``), optionally with document boundaries."""
     max_seq_len: int
     objective: str = 'clm'
-    eos_id: Optional[int] = None            # set: add position_ids and cu_seqlens (document masking)
+    eos_id: Optional[int] = None            # set: add position_ids (document masking)
     mask_probability: float = 0.3
     mask_token_id: Optional[int] = None
     seed: int = 0
@@ -65,7 +62,7 @@ class Collator:
         input_ids, sample_ids = stack_windows(samples, self.max_seq_len)
         batch = {'sample_ids': sample_ids}
         if self.eos_id is not None:
-            batch['position_ids'], batch['cu_seqlens'] = document_boundaries(input_ids, self.eos_id)
+            batch['position_ids'] = document_positions(input_ids, self.eos_id)
         if self.objective == 'mlm':
             masked = mlm_mask(sample_ids, self.max_seq_len, self.mask_probability, self.seed)
             batch['labels'] = torch.where(masked, input_ids, IGNORE)

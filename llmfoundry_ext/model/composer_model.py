@@ -12,7 +12,8 @@ class LlamaLM(ComposerModel):
 
     Labels are aligned with positions (the collator shifts them for causal LM), so the same loss serves
     masked LM. The Transformer is the only child, as Composer's FSDP2 policy expects; it may be on
-    ``meta`` (the metrics are built here, on the CPU).
+    ``meta`` (the metrics are built here, on the CPU). With the fused cross_entropy kernel, training forwards
+    return the loss itself (the logits never exist); evaluation still computes logits for its metrics.
     """
 
     def __init__(self, model: Transformer):
@@ -24,13 +25,18 @@ class LlamaLM(ComposerModel):
                              'LanguagePerplexity': LanguagePerplexity()}
 
     def forward(self, batch: dict) -> torch.Tensor:
-        return self.model(batch['input_ids'], batch.get('position_ids'))
+        fused_loss = 'cross_entropy' in self.config.fused_kernels
+        return self.model(batch['input_ids'], batch.get('position_ids'), batch['labels'] if fused_loss else None)
 
     def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
+        if outputs.dim() == 0:  # already the loss (fused cross_entropy)
+            return outputs
         return F.cross_entropy(outputs.flatten(0, 1).float(), batch['labels'].flatten(), ignore_index=-100)
 
     def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
-        return outputs if outputs is not None else self.forward(batch)
+        if outputs is not None and outputs.dim() == 3:
+            return outputs
+        return self.model(batch['input_ids'], batch.get('position_ids'))
 
     def get_metrics(self, is_train: bool = False) -> dict:
         return self.train_metrics if is_train else self.eval_metrics

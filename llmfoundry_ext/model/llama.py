@@ -5,13 +5,14 @@ The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}
 ``layers.{i}.mlp.gate_proj``, ``norm``) so HF conversion is a rename of the ``model.`` prefix.
 """
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from llmfoundry_ext.model.attention import attend
+from llmfoundry_ext.model import fused
+from llmfoundry_ext.model.attention import attend, choose_backend, document_mask, log_choice
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,9 @@ class LlamaConfig:
     max_seq_len: int = 131072
     tie_embeddings: bool = False
     causal: bool = True                       # False: bidirectional attention (masked LM)
-    attn_impl: str = 'auto'
+    attn_impl: str = 'auto'                   # auto, sdpa, flash, varlen, flex, eager (attention.py)
+    sdpa_kernel: str = 'auto'                 # sdpa only: auto (PyTorch picks), cudnn, flash, efficient, math
+    fused_kernels: list[str] = field(default_factory=list)  # liger-kernel: cross_entropy, rms_norm, swiglu, rope
 
     @property
     def head_dim(self) -> int:
@@ -117,12 +120,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, fused_kernel: bool = False):
         super().__init__()
         self.eps = eps
+        self.fused_kernel = fused_kernel
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_kernel:
+            return fused.rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
@@ -139,15 +145,18 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
         self.o_proj.init_std = residual_init_std(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
+        """``backend`` and ``mask`` come from ``Transformer.attention_backend`` / ``document_mask``."""
         batch, seq_len, _ = x.shape
-        head_dim = self.config.head_dim
-        q = self.q_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(batch, seq_len, -1, head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(q, k, v, self.config.causal, self.config.attn_impl, document_ids)
+        config = self.config
+        q = self.q_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
+        if 'rope' in config.fused_kernels:
+            q, k = fused.rope(q, k, cos, sin)
+        else:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = attend(q, k, v, config.causal, backend, mask, config.sdpa_kernel)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
@@ -156,26 +165,33 @@ class FeedForward(nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
+        self.fused_kernel = 'swiglu' in config.fused_kernels
         self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
         self.down_proj.init_std = residual_init_std(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_kernel:
+            return self.down_proj(fused.swiglu(self.gate_proj(x), self.up_proj(x)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+def make_norm(config: LlamaConfig) -> RMSNorm:
+    return RMSNorm(config.dim, config.norm_eps, fused_kernel='rms_norm' in config.fused_kernels)
+
+
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, layer_id: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.layer_id = layer_id
+        self.input_layernorm = make_norm(config)
         self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
+        self.post_attention_layernorm = make_norm(config)
         self.mlp = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                document_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, document_ids)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -186,8 +202,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layers))
+        self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -195,24 +211,38 @@ class Transformer(nn.Module):
             self.lm_head.init_std = config.dim ** -0.5
         self.register_buffer('inv_freq', rope_inverse_frequencies(config), persistent=False)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.lm_head(self.hidden_states(input_ids, position_ids))
+        self.checkpoint_every = 0  # activation checkpointing of every k-th block (0: none); see build.py
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, S, vocab]; or, given ``labels`` and the fused cross_entropy kernel, the mean loss."""
+        hidden = self.hidden_states(input_ids, position_ids)
+        if labels is not None:
+            return fused.linear_cross_entropy(hidden, self.lm_head.weight, labels)
+        return self.lm_head(hidden)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer).
 
         Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document.
         """
-        document_ids = None
+        mask = None
+        backend = self.attention_backend(position_ids is not None, input_ids.is_cuda)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         else:
-            document_ids = (position_ids == 0).cumsum(-1)
+            mask = document_mask(backend, position_ids, self.config.causal)
         cos, sin = self.rope_tables(position_ids)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
-            x = layer(x, cos, sin, document_ids)
+            x = layer(x, cos, sin, backend, mask)
         return self.norm(x)
+
+    def attention_backend(self, document_masking: bool, on_gpu: bool) -> str:
+        """What ``attn_impl`` runs as for this input (``auto``: the fastest that masks as asked); logged once."""
+        backend = choose_backend(self.config.attn_impl, document_masking, on_gpu)
+        log_choice(self.config.attn_impl, backend, document_masking)
+        return backend
 
     def rope_tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B or 1, 1, S, D] in fp32 for the given positions [B or 1, S]."""
@@ -241,5 +271,7 @@ class Transformer(nn.Module):
         return isinstance(module, TransformerBlock)
 
     def activation_checkpointing_fn(self, module: nn.Module) -> bool:
-        return isinstance(module, TransformerBlock)
+        """Composer's AC policy: every ``checkpoint_every``-th block (1: all of them, 0: none)."""
+        every = self.checkpoint_every
+        return isinstance(module, TransformerBlock) and every > 0 and module.layer_id % every == 0
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from llmfoundry_ext.data.collate import Collator, document_boundaries
+from llmfoundry_ext.data.collate import Collator, document_positions
+from llmfoundry_ext.model.attention import document_mask
 
 EOS, MASK = 1, 99
 
@@ -35,16 +36,18 @@ def test_short_sample_names_the_fix():
     # EOS, EOS: an empty-looking document of one token
     ([[5, EOS, EOS, 6]], [[0, 1, 0, 0]], [0, 2, 3, 4]),
 ])
-def test_document_boundaries_match_hand_computed(rows, positions, cu_seqlens):
-    position_ids, offsets = document_boundaries(torch.tensor(rows), EOS)
+def test_document_positions_match_hand_computed(rows, positions, cu_seqlens):
+    """The collator's positions, and the cu_seqlens the model derives from them for varlen kernels."""
+    position_ids = document_positions(torch.tensor(rows), EOS)
     assert position_ids.tolist() == positions
-    assert offsets.tolist() == cu_seqlens and offsets.dtype == torch.int32
+    documents = document_mask('varlen', position_ids, causal=True)
+    assert documents.cu_seqlens.tolist() == cu_seqlens and documents.cu_seqlens.dtype == torch.int32
 
 
-def test_collator_adds_boundaries_when_asked():
+def test_collator_adds_positions_when_asked():
     batch = Collator(max_seq_len=6, eos_id=EOS)(windows([5, EOS, 6, 7, EOS, 8, 9]))
     assert batch['position_ids'].tolist() == [[0, 1, 0, 1, 2, 0]]
-    assert batch['cu_seqlens'].tolist() == [0, 2, 5, 6]
+    assert set(batch) == {'input_ids', 'labels', 'sample_ids', 'position_ids'}
 
 
 def test_mlm_masks_at_the_rate_asked_and_labels_only_masked_positions():

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from llmfoundry_ext.model.attention import attend
+from llmfoundry_ext.model.attention import attend, choose_backend, document_mask, has_module
 from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, Transformer, rope_inverse_frequencies
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
@@ -102,7 +102,36 @@ def test_document_masking_isolates_documents():
 def test_masked_attention_backends_agree():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, 2, 12, 8), torch.randn(2, 2, 12, 8)
-    document_ids = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    position_ids = torch.tensor([list(range(5)) + list(range(7)), list(range(12))])
     for causal in (True, False):
-        torch.testing.assert_close(attend(q, k, v, causal, 'sdpa', document_ids),
-                                   attend(q, k, v, causal, 'eager', document_ids), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attend(q, k, v, causal, 'sdpa', document_mask('sdpa', position_ids, causal)),
+                                   attend(q, k, v, causal, 'eager', document_mask('eager', position_ids, causal)),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('masking, on_gpu, expected', [
+    (False, True, 'sdpa'), (False, False, 'sdpa'), (True, False, 'sdpa'),
+    (True, True, 'varlen' if has_module('torch.nn.attention.varlen') else 'flex')])
+def test_auto_picks_the_fastest_backend_that_masks_as_asked(masking, on_gpu, expected):
+    assert choose_backend('auto', masking, on_gpu) == expected
+
+
+def test_selective_checkpointing_picks_every_kth_block():
+    transformer = model(LlamaConfig(**{**TINY.__dict__, 'n_layers': 5}))
+    transformer.checkpoint_every = 2
+    assert [transformer.activation_checkpointing_fn(block) for block in transformer.layers] == [
+        True, False, True, False, True]
+    assert not transformer.activation_checkpointing_fn(transformer.layers[0].mlp)
+    transformer.checkpoint_every = 0
+    assert not any(transformer.activation_checkpointing_fn(block) for block in transformer.layers)
+
+
+def test_compiled_blocks_match_eager():
+    """torch.compile per block (inductor, here on the CPU) changes no number beyond float rounding."""
+    eager = model()
+    compiled = model()
+    compiled.load_state_dict(eager.state_dict())
+    for block in compiled.layers:
+        block.compile()
+    tokens = torch.randint(0, 97, (2, 16))
+    torch.testing.assert_close(compiled(tokens), eager(tokens), rtol=1e-5, atol=1e-5)

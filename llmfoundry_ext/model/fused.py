@@ -1,0 +1,45 @@
+"""Opt-in fused kernels from liger-kernel (Triton, GPU only): ``model.fused_kernels: [cross_entropy, ...]``.
+
+cross_entropy fuses the output layer into the loss in chunks, so the [tokens x vocab] logits (4 GiB in fp32 for
+8,192 tokens of Llama-3's 128,256) never exist; the others replace a few elementwise kernels each.
+"""
+import torch
+
+from llmfoundry_ext.model.attention import has_module
+
+FUSED_KERNELS = ('cross_entropy', 'rms_norm', 'swiglu', 'rope')
+
+
+def fused_kernels_problem(names: list[str], on_gpu: bool) -> str | None:
+    """Why ``names`` cannot run here (one line with the fix), or None."""
+    unknown = [name for name in names if name not in FUSED_KERNELS]
+    if unknown:
+        return f"unknown fused kernel '{unknown[0]}'; choose from {', '.join(FUSED_KERNELS)}"
+    if names and not has_module('liger_kernel'):
+        return ("fused kernels need the liger-kernel package, which is not installed: "
+                "pip install 'llmfoundry_ext[gpu]', or set model.fused_kernels=[]")
+    if names and not on_gpu:
+        return 'fused kernels (liger-kernel, Triton) need a GPU; set model.fused_kernels=[] on the CPU'
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_rms_norm
+    return liger_rms_norm(x, weight, eps, in_place=False)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_swiglu
+    return liger_swiglu(gate, up)
+
+
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, S, D], k [B, K, S, D]; cos/sin [B or 1, 1, S, D]."""
+    from liger_kernel.transformers.functional import liger_rope
+    return liger_rope(q, k, cos.squeeze(1), sin.squeeze(1))
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """mean over labels != -100 of CE(hidden @ weight.T, labels), without materialising the logits."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    return liger_fused_linear_cross_entropy(hidden.flatten(0, 1), weight, labels.flatten(), ignore_index=-100)
