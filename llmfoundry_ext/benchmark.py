@@ -7,7 +7,6 @@ of the same shape under the same Composer FSDP2 settings, as llm-foundry's ``hf_
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -40,22 +39,28 @@ class Row:
 
 
 class StepTimer(Callback):
-    """Wall time of each batch (GPU work included), and the peak GPU memory over the timed batches."""
+    """Mean step time over the batches after ``warmup``, synchronising only at the window's two ends (a sync
+    every step would idle the GPU while the CPU queues the next step), and the peak GPU memory in that window."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup
-        self.ends: list[float] = []
+        self.batches = 0
+        self.start = self.end = 0.0
 
     def batch_end(self, state: State, logger: Logger) -> None:
+        self.batches += 1
+        if self.batches < self.warmup:
+            return
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.ends.append(time.perf_counter())
-        if len(self.ends) == self.warmup and torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        self.end = time.perf_counter()
+        if self.batches == self.warmup:
+            self.start = self.end
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
 
-    def step_seconds(self) -> list[float]:
-        timed = self.ends[self.warmup - 1:]
-        return [after - before for before, after in zip(timed, timed[1:])]
+    def step_seconds(self) -> float:
+        return (self.end - self.start) / (self.batches - self.warmup)
 
 
 class HFLlamaLM(ComposerModel):
@@ -102,7 +107,7 @@ def measure(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder
     trainer = train(config, extra_callbacks=[timer], model=model)
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
-    seconds = statistics.median(timer.step_seconds())
+    seconds = timer.step_seconds()
     tokens_per_gpu = config.tokens_per_step / dist.get_world_size() / seconds
     flops_per_token = config.model.llama().flops_per_token(config.max_seq_len)
     return {

@@ -16,7 +16,7 @@ CATEGORIES = (  # first match wins; names are lower-cased
     ('normalization', r'rms_?norm|layer_?norm|rsqrt'),
     ('RoPE', r'rope|rotary'),
     ('GEMM', r'gemm|cutlass|xmma|wgmma|nvjet|cublas|aten::(mm|addmm|bmm|matmul|linear)\b'),
-    ('optimizer', r'adam|multi_tensor|foreach|_fused_'),
+    ('optimizer', r'adam|multi_tensor_apply|foreach'),
     ('memory copies', r'memcpy|memset|copy_|aten::(to|_to_copy|cat|clone|contiguous)\b|catarray'),
     ('elementwise', r'elementwise|vectorized|unrolled|reduce_kernel|triton|aten::(mul|add|silu|neg|pow|mean|cos|sin|'
                     r'sum|div|where|masked_fill|fill_|zero_)'),

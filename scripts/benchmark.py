@@ -8,7 +8,7 @@
 Each --row is 'NAME YAML key=value ...'; a NAME of 'hf' (or 'hf:...') trains transformers' LlamaForCausalLM
 (sdpa) of the YAML's shape instead of ours. Data are random tokens with EOS closing documents of
 --mean-document-tokens on average (the same tokens in every row), so masked and unmasked rows compare on the
-same data. Prints tokens/s per GPU, MFU, median step time and peak memory per row, each against the --baseline
+same data. Prints tokens/s per GPU, MFU, mean step time and peak memory per row, each against the --baseline
 row (default: the first), and writes them as JSON.
 """
 import argparse
@@ -26,7 +26,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--row', action='append', default=[], help="'NAME YAML key=value ...' (repeatable)")
     parser.add_argument('--gpus', type=int, default=1)
     parser.add_argument('--warmup', type=int, default=5, help='untimed batches (compilation, allocator warm-up)')
-    parser.add_argument('--steps', type=int, default=10, help='timed batches; the median step time is reported')
+    parser.add_argument('--steps', type=int, default=10, help='timed batches; their mean step time is reported')
     parser.add_argument('--mean-document-tokens', type=int, default=1024)
     parser.add_argument('--baseline', help='row name the ratios refer to (default: the first row)')
     parser.add_argument('--json', help='write the results here')
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
     table = format_table(results, args.baseline or rows[0].name)
     first = next((r for r in results if 'error' not in r), None)
     if first:
-        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; median of {args.steps} steps after "
+        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; mean of {args.steps} steps after "
               f"{args.warmup} warm-up; documents of {args.mean_document_tokens} tokens on average")
     print(table)
     if args.json:

@@ -22,6 +22,7 @@ from tests.conftest import REPO
     ('void at::native::multi_tensor_apply_kernel<at::native::FusedAdamMathFunctor>', 'optimizer'),
     ('Memcpy DtoD (Device -> Device)', 'memory copies'),
     ('triton_per_fused__to_copy_mean_mul_pow_rsqrt_0', 'normalization'),
+    ('triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_0', 'elementwise'),  # compiled, not the optimizer
     ('aten::mm', 'GEMM'),
     ('some_unknown_kernel', 'other'),
 ])

@@ -20,7 +20,6 @@ class LlamaLM(ComposerModel):
         super().__init__()
         self.config = model.config
         self.model = model
-        self.train_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy()}
         self.eval_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy(),
                              'LanguagePerplexity': LanguagePerplexity()}
 
@@ -39,7 +38,9 @@ class LlamaLM(ComposerModel):
         return self.model(batch['input_ids'], batch.get('position_ids'))
 
     def get_metrics(self, is_train: bool = False) -> dict:
-        return self.train_metrics if is_train else self.eval_metrics
+        """No training metrics: Composer 0.32 would run ``eval_forward`` on every micro-batch for them (another
+        forward, or a second cross-entropy over the logits); ``loss/train/total`` is the training loss."""
+        return {} if is_train else self.eval_metrics
 
     def update_metric(self, batch: dict, outputs: torch.Tensor, metric) -> None:
         metric.update(outputs, batch['labels'])
