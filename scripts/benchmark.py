@@ -42,6 +42,7 @@ def main(argv: list[str]) -> int:
         for i, row in enumerate(rows):
             results.append(run_row(os.path.abspath(__file__), row, args.gpus, args.warmup, args.steps,
                                    args.mean_document_tokens, os.path.join(folder, f'{i}.json')))
+            print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
     table = format_table(results, args.baseline or rows[0].name)
     first = next((r for r in results if 'error' not in r), None)
     if first:
