@@ -1,5 +1,6 @@
 """TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
 import os
+from dataclasses import dataclass
 
 import torch
 from composer import Trainer
@@ -70,19 +71,24 @@ def float8_eligible(module: torch.nn.Module, name: str) -> bool:
     return isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
 
 
+@dataclass
+class MeshFSDP2Config(FSDP2Config):
+    """Composer 0.32's FSDP2Config always asks for a 1-D mesh; this one asks Composer's State for a (replicate,
+    shard) mesh when ``replicate_degree`` > 1, which makes ``fully_shard`` HSDP."""
+    replicate_degree: int = 1
+
+    @property
+    def data_parallel_replicate_degree(self) -> int | None:
+        return self.replicate_degree if self.replicate_degree > 1 else None
+
+
 def build_parallelism(config: TrainConfig):
-    """Composer's FSDP2: a 1-D mesh (FSDP) or, with ``replicate_degree`` > 1, a (replicate, shard) mesh (HSDP)."""
+    """Composer's FSDP2 over all ranks, or HSDP with ``replicate_degree`` replicas."""
     fsdp = config.parallelism.fsdp
     if fsdp is None:
         return None
-    mesh = None
-    if fsdp.replicate_degree > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-        shape = (fsdp.replicate_degree, dist.get_world_size() // fsdp.replicate_degree)
-        mesh = init_device_mesh('cuda' if torch.cuda.is_available() else 'cpu', shape,
-                                mesh_dim_names=('replicate', 'shard'))
-    return {'fsdp': FSDP2Config(
-        device_mesh=mesh, reshard_after_forward=fsdp.reshard_after_forward,
+    return {'fsdp': MeshFSDP2Config(
+        replicate_degree=fsdp.replicate_degree, reshard_after_forward=fsdp.reshard_after_forward,
         activation_checkpointing=fsdp.activation_checkpointing != 'none', state_dict_type=fsdp.state_dict_type,
         mixed_precision=fsdp.mixed_precision)}
 

@@ -93,8 +93,8 @@ def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batche
                        mean_document_tokens: int = 0) -> str:
     """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps), no checkpoints
     and no loggers: what a profile or a benchmark of the model needs. With ``mean_document_tokens``, EOS ends
-    documents of random lengths (geometric, that mean), so document masking has documents to keep apart; the
-    tokens are the same either way. Returns the new YAML's path."""
+    documents of random lengths (geometric, that mean), so document masking has documents to keep apart. The
+    tokens depend only on the arguments, so rows of a benchmark train on the same data. Returns the YAML's path."""
     from omegaconf import OmegaConf
 
     from data_prep.packing import write_mds

@@ -119,7 +119,8 @@ def start_summary(config: TrainConfig, trainer) -> str:
         f'  world size {world_size()}, precision {config.precision}, attention '
         f'{choose_backend(model.attn_impl, config.data.document_masking, torch.cuda.is_available())}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
-        f"{'FSDP2' if config.parallelism.fsdp else 'DDP'}, activation checkpointing every "
+        f'{parallel_layout(trainer)}, activation checkpointing every '
+
         f'{checkpoint_every(config) or "no"} block(s), compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
@@ -130,6 +131,16 @@ def start_summary(config: TrainConfig, trainer) -> str:
          '  starting from scratch (no checkpoint found)'),
     ]
     return '\n'.join(lines)
+
+
+def parallel_layout(trainer) -> str:
+    """'FSDP2 over N ranks', 'HSDP R replicas x S shards' or 'DDP', from the mesh Composer built."""
+    mesh = trainer.state.fsdp_config.device_mesh if trainer.state.fsdp_config else None
+    if mesh is None:
+        return 'DDP'
+    if mesh.ndim == 2:
+        return f'HSDP {mesh.size(0)} replicas x {mesh.size(1)} shards'
+    return f'FSDP2 over {mesh.size()} ranks'
 
 
 def end_summary(config: TrainConfig, trainer) -> str:
