@@ -361,6 +361,11 @@ def check_performance(config: TrainConfig) -> None:
         if fsdp.activation_checkpointing not in AC_MODES:
             problems['parallelism.fsdp.activation_checkpointing'] = (
                 f"'{fsdp.activation_checkpointing}' is not one of {', '.join(AC_MODES)}")
+        if model.compile and fsdp.activation_checkpointing != 'none':
+            problems['model.compile'] = (
+                'compiled blocks with activation checkpointing fail on the GPU (Composer checkpoints outside the '
+                'compiled block and the recomputed tensors differ); set model.compile=false or '
+                'parallelism.fsdp.activation_checkpointing=none')
         if fsdp.checkpoint_every < 1:
             problems['parallelism.fsdp.checkpoint_every'] = f'must be >= 1, got {fsdp.checkpoint_every}'
         if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
