@@ -151,8 +151,9 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     start, tokens, documents = time.monotonic(), 0, 0
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
     threads = threads or max(1, (os.cpu_count() or 1) // processes)
-    with multiprocessing.get_context('fork').Pool(processes, initializer=set_tokenizer_threads,
-                                                  initargs=(threads,)) as pool:
+    start_method = getattr(job.source, 'worker_start', 'fork')  # fork: no re-import per worker
+    with multiprocessing.get_context(start_method).Pool(processes, initializer=set_tokenizer_threads,
+                                                        initargs=(threads,)) as pool:
         arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
         for record in pool.imap_unordered(convert_part_star, arguments):
             tokens += sum(record['windows'].values()) * job.window
