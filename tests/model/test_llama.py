@@ -135,3 +135,14 @@ def test_compiled_blocks_match_eager():
         block.compile()
     tokens = torch.randint(0, 97, (2, 16))
     torch.testing.assert_close(compiled(tokens), eager(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_flex_block_mask_matches_eager_on_the_cpu():
+    """flex_attention (compiled, on the CPU here) with the document block mask: the same numbers as eager."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 128, 16), torch.randn(2, 2, 128, 16), torch.randn(2, 2, 128, 16)
+    position_ids = torch.stack([torch.cat([torch.arange(50), torch.arange(78)]), torch.arange(128)])
+    for causal in (True, False):
+        torch.testing.assert_close(attend(q, k, v, causal, 'flex', document_mask('flex', position_ids, causal)),
+                                   attend(q, k, v, causal, 'eager', document_mask('eager', position_ids, causal)),
+                                   rtol=1e-5, atol=1e-5)
