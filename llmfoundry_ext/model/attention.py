@@ -1,7 +1,7 @@
 """Attention backends behind one call: ``attend(q, k, v, causal, backend, mask)``.
 
 q [B, H, S, D]; k, v [B, K, S, D] with H a multiple of K (grouped-query attention). Document masking (attention
-kept within each packed document) is prepared once per forward by ``document_mask`` in the form the backend
+kept within each packed document) is prepared once per forward by ``attention_mask`` in the form the backend
 takes: a bool matrix (sdpa, eager), cu_seqlens (varlen, flash) or a BlockMask (flex).
 """
 import functools
@@ -80,6 +80,20 @@ class Documents(NamedTuple):
     max_seqlen: int
 
 
+def attention_mask(backend: str, position_ids: Optional[torch.Tensor], causal: bool, batch: int, seq_len: int,
+                   device) -> Any:
+    """The mask ``attend`` takes, built once per forward: from ``position_ids`` (0 starts each packed document) if
+    given, else one sequence per row (None for sdpa and eager, whose kernels mask causally by themselves)."""
+    if position_ids is not None:
+        return document_mask(backend, position_ids, causal)
+    if backend == 'flex':
+        return flex_block_mask(torch.zeros(batch, seq_len, dtype=torch.int32, device=device), causal)
+    if backend in ('varlen', 'flash'):
+        rows = torch.arange(0, (batch + 1) * seq_len, seq_len, dtype=torch.int32, device=device)
+        return Documents(rows, seq_len)
+    return None
+
+
 def document_mask(backend: str, position_ids: torch.Tensor, causal: bool) -> Any:
     """position_ids [B, S] (0 starts each packed document) -> the mask ``attend`` takes for ``backend``."""
     starts = position_ids == 0
@@ -101,13 +115,14 @@ def cu_seqlens(starts: torch.Tensor) -> torch.Tensor:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, backend: str = 'sdpa',
            mask: Any = None, sdpa_kernel: str = 'auto') -> torch.Tensor:
-    """Scaled dot-product attention; returns [B, H, S, D]. ``mask`` comes from ``document_mask`` (None: none)."""
+    """Scaled dot-product attention; returns [B, H, S, D]. ``mask`` comes from ``attention_mask`` (sdpa and eager
+    take None: causal or full attention)."""
     if backend == 'sdpa':
         return sdpa_attention(q, k, v, causal, mask, sdpa_kernel)
     if backend == 'eager':
         return eager_attention(q, k, v, causal, mask)
     if backend == 'flex':
-        return flex_attention(q, k, v, causal, mask)
+        return flex_attention(q, k, v, mask)
     if backend in ('varlen', 'flash'):
         return varlen_attention(q, k, v, causal, mask, backend)
     check_backend(backend)
@@ -150,13 +165,9 @@ def eager_attention(q, k, v, causal: bool, mask: Optional[torch.Tensor] = None) 
     return (scores.softmax(-1) @ v.float()).to(q.dtype)
 
 
-def varlen_attention(q, k, v, causal: bool, documents: Optional[Documents], backend: str) -> torch.Tensor:
-    """FA-2 over [B x S, heads, D] tokens: PyTorch's varlen_attn or the flash-attn package (ROCm build on AMD).
-    Without documents each row is one sequence."""
+def varlen_attention(q, k, v, causal: bool, documents: Documents, backend: str) -> torch.Tensor:
+    """FA-2 over [B x S, heads, D] tokens: PyTorch's varlen_attn or the flash-attn package (ROCm build on AMD)."""
     batch, heads, seq_len, head_dim = q.shape
-    if documents is None:
-        cu_seqlens = torch.arange(0, (batch + 1) * seq_len, seq_len, dtype=torch.int32, device=q.device)
-        documents = Documents(cu_seqlens, seq_len)
     q, k, v = (t.transpose(1, 2).reshape(batch * seq_len, t.shape[1], head_dim) for t in (q, k, v))
     cu, longest = documents
     if backend == 'flash':
@@ -191,10 +202,7 @@ def flex_block_mask(document_ids: torch.Tensor, causal: bool):
     return create_block_mask(same_document, batch, None, seq_len, seq_len, device=document_ids.device, **compiled)
 
 
-def flex_attention(q, k, v, causal: bool, block_mask=None) -> torch.Tensor:
-    if block_mask is None:  # plain causal (or full) attention through the same kernel
-        batch, _, seq_len, _ = q.shape
-        block_mask = flex_block_mask(torch.zeros(batch, seq_len, dtype=torch.int32, device=q.device), causal)
+def flex_attention(q, k, v, block_mask) -> torch.Tensor:
     return compiled_flex()(q, k, v, block_mask=block_mask, enable_gqa=k.shape[1] != q.shape[1])
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmfoundry_ext.model import fused
-from llmfoundry_ext.model.attention import attend, choose_backend, document_mask, log_choice
+from llmfoundry_ext.model.attention import attend, attention_mask, choose_backend, log_choice
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class Attention(nn.Module):
         self.o_proj.init_std = residual_init_std(config)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
-        """``backend`` and ``mask`` come from ``Transformer.attention_backend`` / ``document_mask``."""
+        """``backend`` and ``mask`` come from ``Transformer.attention_backend`` / ``attention_mask``."""
         batch, seq_len, _ = x.shape
         config = self.config
         q = self.q_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
@@ -226,12 +226,10 @@ class Transformer(nn.Module):
 
         Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document.
         """
-        mask = None
         backend = self.attention_backend(position_ids is not None, input_ids.is_cuda)
+        mask = attention_mask(backend, position_ids, self.config.causal, *input_ids.shape, input_ids.device)
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
-        else:
-            mask = document_mask(backend, position_ids, self.config.causal)
         cos, sin = self.rope_tables(position_ids)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from llmfoundry_ext.model.attention import BackendUnavailableError, attend, check_backend, document_mask, has_module
+from llmfoundry_ext.model.attention import BackendUnavailableError, attend, attention_mask, check_backend, has_module
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +19,7 @@ def positions(lengths_per_row: list[list[int]]) -> torch.Tensor:
 def run(backend: str, q, k, v, causal: bool, position_ids, sdpa_kernel: str = 'auto'):
     """Output and q/k/v gradients of sum(out * weights) for one backend."""
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    mask = document_mask(backend, position_ids, causal) if position_ids is not None else None
+    mask = attention_mask(backend, position_ids, causal, q.shape[0], q.shape[2], q.device)
     out = attend(q, k, v, causal, backend, mask, sdpa_kernel)
     weights = torch.linspace(-1, 1, out.numel(), device='cuda').view_as(out)
     (out.float() * weights).sum().backward()
