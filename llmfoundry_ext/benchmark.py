@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.models import ComposerModel
 
+from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.model.llama import LlamaConfig
 
 HF_BASELINE = 'hf'
@@ -83,11 +83,10 @@ class HFLlamaLM(ComposerModel):
         return self.model(input_ids=batch['input_ids']).logits
 
     def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
-        return F.cross_entropy(outputs.flatten(0, 1).float(), batch['labels'].flatten(), ignore_index=-100)
+        return token_mean_cross_entropy(outputs, batch['labels'])
 
     def flops_per_batch(self, batch: dict) -> int:
-        batch_size, seq_len = batch['input_ids'].shape
-        return batch_size * seq_len * self.config.flops_per_token(seq_len)
+        return batch_flops(self.config, batch)
 
 
 def measure(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> dict:

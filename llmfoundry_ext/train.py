@@ -120,7 +120,6 @@ def start_summary(config: TrainConfig, trainer) -> str:
         f'{choose_backend(model.attn_impl, config.data.document_masking, torch.cuda.is_available())}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}, activation checkpointing every '
-
         f'{checkpoint_every(config) or "no"} block(s), compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '

@@ -1,9 +1,9 @@
 """Benchmark training throughput of YAML runs, with transformers' Llama under the same Composer FSDP2 as baseline.
 
   python scripts/benchmark.py --gpus 1 --steps 10 --json bench.json \\
-      --row 'hf yamls/bench1b.yaml' \\
-      --row 'ours yamls/bench1b.yaml' \\
-      --row 'ours-compiled yamls/bench1b.yaml model.compile=true model.fused_kernels=[cross_entropy]'
+      --row 'hf yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
+      --row 'ours yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
+      --row 'ours-compiled yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1 model.compile=true'
 
 Each --row is 'NAME YAML key=value ...'; a NAME of 'hf' (or 'hf:...') trains transformers' LlamaForCausalLM
 (sdpa) of the YAML's shape instead of ours. Data are random tokens with EOS closing documents of
@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import tempfile
-
 
 from llmfoundry_ext.benchmark import Row, format_table, measure, run_row
 

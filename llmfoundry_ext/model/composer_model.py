@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from composer.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from composer.models import ComposerModel
 
-from llmfoundry_ext.model.llama import Transformer
+from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 
 class LlamaLM(ComposerModel):
@@ -30,7 +30,7 @@ class LlamaLM(ComposerModel):
     def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
         if outputs.dim() == 0:  # already the loss (fused cross_entropy)
             return outputs
-        return F.cross_entropy(outputs.flatten(0, 1).float(), batch['labels'].flatten(), ignore_index=-100)
+        return token_mean_cross_entropy(outputs, batch['labels'])
 
     def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
         if outputs is not None and outputs.dim() == 3:
@@ -47,5 +47,15 @@ class LlamaLM(ComposerModel):
 
     def flops_per_batch(self, batch: dict) -> int:
         """Training FLOPs of one batch (SpeedMonitor turns this into MFU)."""
-        batch_size, seq_len = batch['input_ids'].shape
-        return batch_size * seq_len * self.config.flops_per_token(seq_len)
+        return batch_flops(self.config, batch)
+
+
+def token_mean_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean over labels != -100 of the fp32 cross-entropy of logits [B, S, vocab] against labels [B, S]."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+
+
+def batch_flops(config: LlamaConfig, batch: dict) -> int:
+    """Training FLOPs of one batch of this architecture (torchtitan's convention)."""
+    batch_size, seq_len = batch['input_ids'].shape
+    return batch_size * seq_len * config.flops_per_token(seq_len)
