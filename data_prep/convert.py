@@ -11,6 +11,8 @@ import json
 import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from data_prep.packing import tokenize_documents
@@ -150,30 +152,51 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
     start, tokens, documents = time.monotonic(), 0, 0
     bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
-    threads = threads or max(1, (os.cpu_count() or 1) // processes)
-    start_method = getattr(job.source, 'worker_start', 'fork')  # fork: no re-import per worker
-    with multiprocessing.get_context(start_method).Pool(processes, initializer=set_tokenizer_threads,
-                                                        initargs=(threads,)) as pool:
-        arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
-        for record in pool.imap_unordered(convert_part_star, arguments):
-            tokens += sum(record['windows'].values()) * job.window
-            documents += sum(record['documents'].values())
-            seconds = time.monotonic() - start
-            bar.set_postfix(docs_per_s=f'{documents / seconds:,.0f}', tokens_per_s=f'{tokens / seconds:,.0f}')
-            bar.update()
+    threads = threads or max(1, usable_cores() // processes)
+    arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
+    with worker_pool(processes, threads) as pool:
+        futures = [pool.submit(convert_part, *part) for part in arguments]
+        try:
+            for future in as_completed(futures):
+                record = future.result()
+                tokens += sum(record['windows'].values()) * job.window
+                documents += sum(record['documents'].values())
+                seconds = time.monotonic() - start
+                bar.set_postfix(docs_per_s=f'{documents / seconds:,.0f}', tokens_per_s=f'{tokens / seconds:,.0f}')
+                bar.update()
+        except BrokenProcessPool:
+            raise SourceError('a converter worker died (killed, or out of memory?); finished parts are kept: '
+                              'run the same command again to resume, with fewer --processes if memory ran out')
+        finally:
+            for future in futures:  # after an error, parts not yet started are not started
+                future.cancel()
     bar.close()
     return write_manifest(job, files, sha, description or {})
 
 
-def set_tokenizer_threads(threads: int) -> None:
-    """Rust-side threads of ``tokenizers`` in this worker (its pool starts at the first batch encode)."""
+def usable_cores() -> int:
+    """The cores this process may run on (a Slurm or cgroup CPU set), not all of the host's."""
+    return len(os.sched_getaffinity(0))
+
+
+def worker_pool(processes: int, threads: int) -> ProcessPoolExecutor:
+    """Workers forked from a fresh single-threaded server that has imported this module: never forked from
+    the caller, whose threads (streaming's, ``datasets``' event loop, tokenizers' pool) may hold locks that a
+    forked child would wait on forever (a converter test hung so). They get the caller's environment as it
+    is now (credentials set after the server started included)."""
+    context = multiprocessing.get_context('forkserver')
+    context.set_forkserver_preload([__name__])
+    return ProcessPoolExecutor(processes, mp_context=context, initializer=start_worker,
+                               initargs=(dict(os.environ), threads))
+
+
+def start_worker(environment: dict[str, str], threads: int) -> None:
+    """The caller's environment, and ``threads`` Rust-side threads for ``tokenizers`` (its pool starts at the
+    first batch encode)."""
+    os.environ.clear()
+    os.environ.update(environment)
     os.environ['RAYON_NUM_THREADS'] = str(threads)
     os.environ['TOKENIZERS_PARALLELISM'] = 'true' if threads > 1 else 'false'
-
-
-
-def convert_part_star(arguments: tuple) -> dict:
-    return convert_part(*arguments)
 
 
 def write_manifest(job: Job, files: list[str], sha: str, description: dict) -> dict:

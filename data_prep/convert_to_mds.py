@@ -11,10 +11,9 @@ Re-run the same command after an interruption: finished parts are kept, the othe
 """
 import argparse
 import json
-import os
 import sys
 
-from data_prep.convert import Job, convert, resolve_tokenizer
+from data_prep.convert import Job, convert, resolve_tokenizer, usable_cores
 from data_prep.sources import SourceError, parse_source
 
 
@@ -25,7 +24,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--tokenizer', required=True, help='tokenizer.json, a folder with one, or an HF name')
     parser.add_argument('--concat-tokens', type=int, required=True, help='tokens per packed window')
     parser.add_argument('--out', required=True)
-    parser.add_argument('--processes', type=int, default=os.cpu_count())
+    parser.add_argument('--processes', type=int, default=usable_cores())
     parser.add_argument('--val-fraction', type=float, default=0.0, help='documents held out, by a hash of their id')
     parser.add_argument('--max-docs', type=int, help='at most this many documents from each input file (samples)')
     parser.add_argument('--text-column', default='text')

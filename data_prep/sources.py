@@ -193,9 +193,7 @@ class StackV2Source:
 @dataclass(frozen=True)
 class HubSource:
     """A dataset read with ``datasets`` streaming (from the hub, or a builder such as 'parquet' over
-    ``data_files``); its file shards are the parts. Its workers are spawned, not forked: ``datasets``/fsspec
-    keep threads and an event loop that a forked child inherits half-alive (a converter test hung once so)."""
-    worker_start = 'spawn'
+    ``data_files``); its file shards are the parts."""
     path: str
     name: str | None = None
     data_files: str | None = None

@@ -20,7 +20,7 @@ import time
 
 from streaming import MDSWriter
 
-from data_prep.convert import Job, convert
+from data_prep.convert import Job, convert, usable_cores
 from data_prep.demo_corpus import demo_corpus
 from data_prep.packing import TOKENS_COLUMN, pack
 from data_prep.sources import parse_source
@@ -65,11 +65,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--window', type=int, default=2048)
     parser.add_argument('--json')
     args = parser.parse_args(argv)
-    cores = os.cpu_count()
+    cores = usable_cores()
     with tempfile.TemporaryDirectory() as root:
         texts = [doc for docs in demo_corpus(files=1500, math_docs=1500).values() for doc in docs]
         tokenizer_file = f'{root}/tokenizer.json'
-        os.environ['TOKENIZERS_PARALLELISM'] = 'false'  # a parent that used Rust threads turns them off in forks
         train_bpe(texts, 32000).save(tokenizer_file)
         os.makedirs(f'{root}/in')
         for part in range(args.files):

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -148,6 +149,35 @@ def test_bad_input_is_one_line(tmp_path, tokenizer_file):
     assert cli('--source', f'jsonl:{tmp_path}/d.jsonl', '--eos-token', '</s>') == (
         2, "error: the tokenizer has no EOS token '</s>': pass --eos-token with one it has (documents must be "
            "separated)\n")
+
+
+@dataclass(frozen=True)
+class KilledOnSecondFile:
+    """Reads like ``source``, but the worker that reads its second file is killed (as the OOM killer would)."""
+    source: object
+
+    def check(self) -> None:
+        self.source.check()
+
+    def files(self) -> list[str]:
+        return self.source.files()
+
+    def documents(self, file: str, counts):
+        if file == self.files()[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.source.documents(file, counts)
+
+
+def test_a_killed_worker_is_one_error_and_the_rerun_finishes(tmp_path, tokenizer_file):
+    write_jsonl_parts(tmp_path / 'in', count=3, documents=20)
+    source, out = parse_source(f'jsonl:{tmp_path}/in/*.jsonl'), str(tmp_path / 'out')
+    with pytest.raises(SourceError) as caught:
+        convert(Job(KilledOnSecondFile(source), tokenizer_file, 16, 0.0, out), 1, EOS, BOS, progress=False)
+    assert str(caught.value) == ('a converter worker died (killed, or out of memory?); finished parts are kept: '
+                                 'run the same command again to resume, with fewer --processes if memory ran out')
+    assert sorted(os.listdir(tmp_path / 'out' / 'train')) == ['part-00000', 'part-00001.partial']
+    manifest = convert(Job(source, tokenizer_file, 16, 0.0, out), 1, EOS, BOS, progress=False)
+    assert manifest['train']['documents'] == 60
 
 
 def test_output_folder_from_another_tokenizer_is_refused(tmp_path, tokenizer_file):
