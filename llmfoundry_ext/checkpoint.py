@@ -15,6 +15,7 @@ from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 NATIVE_CONFIG = 'llama_config.json'   # a from-hf folder: our LlamaConfig + model.safetensors in our names
 HF_CONFIG = 'config.json'
+MAX_SHARD_SIZE = '5GB'                # per safetensors file written, as transformers' save_pretrained
 COMPOSER_MODEL_PREFIX = 'state.model.model.'
 
 
@@ -141,16 +142,28 @@ def load_into(model: Transformer, tensors: dict[str, torch.Tensor], skip: tuple[
 
 
 def save_hf(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str, dtype: torch.dtype,
-            tokenizer: str | None = None) -> None:
-    """Write an HF Llama folder (config.json, model.safetensors, tokenizer files), atomically."""
+            tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
+    """Write an HF Llama folder (config.json, safetensors weights, tokenizer files), atomically."""
     hf_tensors = {to_hf_name(k): v.to(dtype).contiguous() for k, v in tensors.items()
                   if not (config.tie_embeddings and k == 'lm_head.weight')}
     with atomic_folder(out) as partial:
-        save_file(hf_tensors, os.path.join(partial, 'model.safetensors'), metadata={'format': 'pt'})
+        write_safetensors(hf_tensors, partial, max_shard_size)
         with open(os.path.join(partial, HF_CONFIG), 'w') as file:
             json.dump(hf_config(config, dtype), file, indent=2)
         if tokenizer:
             write_hf_tokenizer(tokenizer, partial)
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], folder: str, max_shard_size: int | str) -> None:
+    """``model.safetensors``, or shards ``model-0000k-of-0000n.safetensors`` of at most ``max_shard_size`` (a
+    larger tensor alone in its shard) with the ``model.safetensors.index.json`` that transformers reads."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({name: tensors[name] for name in names}, os.path.join(folder, filename), metadata={'format': 'pt'})
+    if split.is_sharded:
+        with open(os.path.join(folder, 'model.safetensors.index.json'), 'w') as file:
+            json.dump({'metadata': split.metadata, 'weight_map': split.tensor_to_filename}, file, indent=2)
 
 
 def write_hf_tokenizer(tokenizer: str, folder: str) -> None:
@@ -165,10 +178,11 @@ def write_hf_tokenizer(tokenizer: str, folder: str) -> None:
             json.dump({'tokenizer_class': 'PreTrainedTokenizerFast'}, file)
 
 
-def save_native(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str) -> None:
+def save_native(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str,
+                max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
     """Our names + our config (what ``model.init_from`` reads fastest), atomically."""
     with atomic_folder(out) as partial:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(partial, 'model.safetensors'))
+        write_safetensors({k: v.contiguous() for k, v in tensors.items()}, partial, max_shard_size)
         with open(os.path.join(partial, NATIVE_CONFIG), 'w') as file:
             json.dump(config.__dict__, file, indent=2)
 
@@ -213,7 +227,7 @@ def run_config_file(checkpoint: str) -> str:
 
 
 def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bfloat16,
-                 tokenizer: str | None = None) -> str:
+                 tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> str:
     """A Composer run folder (its latest checkpoint) or one checkpoint -> an HF Llama folder; returns the checkpoint."""
     from omegaconf import OmegaConf
 
@@ -228,14 +242,14 @@ def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bf
     tensors = read_composer_model(checkpoint)
     with torch.device('meta'):
         check_compatible(Transformer(config), tensors)
-    save_hf(tensors, config, out, dtype, tokenizer or run.get('data', {}).get('tokenizer'))
+    save_hf(tensors, config, out, dtype, tokenizer or run.get('data', {}).get('tokenizer'), max_shard_size)
     return checkpoint
 
 
-def import_from_hf(hf_folder: str, out: str) -> LlamaConfig:
+def import_from_hf(hf_folder: str, out: str, max_shard_size: int | str = MAX_SHARD_SIZE) -> LlamaConfig:
     """An HF Llama folder -> a native folder (our names, llama_config.json) for ``model.init_from``."""
     config, tensors = load_hf(hf_folder)
     with torch.device('meta'):
         check_compatible(Transformer(config), tensors)
-    save_native(tensors, config, out)
+    save_native(tensors, config, out, max_shard_size)
     return config

@@ -11,7 +11,7 @@ import transformers
 from safetensors.torch import load_file
 
 from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, hf_config, import_from_hf, load_hf,
-                                       load_into, read_composer_model, save_hf)
+                                       load_into, load_weights_folder, read_composer_model, save_hf)
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from tests.conftest import COMPOSER, REPO, write_yaml
@@ -65,6 +65,36 @@ def test_transformers_model_gives_its_logits_in_ours(name, tmp_path):
     load_into(model, tensors)
     with torch.no_grad():
         assert (model(tokens(config)) - reference(tokens(config)).logits).abs().max() < 1e-5
+
+
+def test_export_in_shards_loads_in_transformers_and_imports_back(tmp_path):
+    """200 kB shards (5 GB for real models): every shard within the limit or one tensor alone, the index naming
+    each tensor's file; transformers loads the folder, and from-hf reads the shards back tensor for tensor."""
+    config = CONFIGS['untied-gqa-rope-scaled']
+    model = ours(config)
+    hf = tmp_path / 'hf'
+    save_hf(model.state_dict(), config, str(hf), torch.float32, max_shard_size=200_000)
+    index = json.loads((hf / 'model.safetensors.index.json').read_text())
+    shards = sorted(set(index['weight_map'].values()))
+    assert len(shards) > 1
+    assert shards == [f'model-{i:05d}-of-{len(shards):05d}.safetensors' for i in range(1, len(shards) + 1)]
+    assert sorted(os.listdir(hf)) == sorted(shards + ['config.json', 'model.safetensors.index.json'])
+    sizes = []
+    for shard in shards:
+        tensors = load_file(hf / shard)
+        sizes.append(sum(t.numel() * t.element_size() for t in tensors.values()))
+        assert sizes[-1] <= 200_000 or len(tensors) == 1
+        assert sorted(tensors) == sorted(k for k, v in index['weight_map'].items() if v == shard)
+    assert index['metadata']['total_size'] == sum(sizes) == 4 * config.num_params()
+    with torch.no_grad():
+        assert (hf_model(hf)(tokens(config)).logits - model(tokens(config))).abs().max() < 1e-5
+
+    import_from_hf(str(hf), str(tmp_path / 'native'), max_shard_size=200_000)
+    assert len([f for f in os.listdir(tmp_path / 'native') if f.endswith('.safetensors')]) == len(shards)
+    state = model.state_dict()
+    for folder, read in ((hf, load_hf), (tmp_path / 'native', load_weights_folder)):
+        _, round_trip = read(str(folder))
+        assert sorted(round_trip) == sorted(state) and all(torch.equal(round_trip[k], state[k]) for k in state)
 
 
 def save_config(config: LlamaConfig) -> dict:
