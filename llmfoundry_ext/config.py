@@ -347,11 +347,12 @@ def check_performance(config: TrainConfig) -> None:
     from llmfoundry_ext.model.fused import fused_kernels_problem
 
     model = config.model
-    problems = {'model.attn_impl': missing_reason(model.attn_impl),
-                'model.fused_kernels': fused_kernels_problem(model.fused_kernels, torch.cuda.is_available())}
+    on_gpu = torch.cuda.is_available()
+    problems = {'model.attn_impl': missing_reason(model.attn_impl) or flex_on_cpu_problem(model.attn_impl, on_gpu),
+                'model.fused_kernels': fused_kernels_problem(model.fused_kernels, on_gpu)}
     if model.sdpa_kernel not in SDPA_KERNELS:
         problems['model.sdpa_kernel'] = f"'{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}"
-    if model.float8 and not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+    if model.float8 and not (on_gpu and torch.cuda.get_device_capability() >= (8, 9)):
         problems['model.float8'] = ('float8 training needs an H100-class GPU (compute capability 8.9+); '
                                     'set model.float8=false')
     elif model.float8 and not has_module('torchao'):
@@ -374,6 +375,16 @@ def check_performance(config: TrainConfig) -> None:
     for key, problem in problems.items():
         if problem:
             raise ConfigError(f'{key}: {problem}')
+
+
+def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
+    """Training with flex attention on the CPU stops at the first backward with an inductor IndexError
+    (seen with torch 2.7): refused before the run."""
+    import torch
+    if attn_impl == 'flex' and not on_gpu:
+        return (f"'flex' trains only on a GPU (on the CPU, torch {torch.__version__}'s inductor fails to compile "
+                f"its backward); set model.attn_impl=auto or sdpa on the CPU")
+    return None
 
 
 def token_id(config: TrainConfig, token: str, given: Optional[int], key: str) -> int:
