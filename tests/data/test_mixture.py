@@ -1,24 +1,27 @@
 """The shipped Frontier mixture: its YAMLs validate at their GPU counts, and each stream gets its share."""
 import collections
 import os
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
 
 from data_prep.packing import write_mds
 from data_prep.train_tokenizer import train_bpe
-from llmfoundry_ext.config import load
+from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.data.dataloader import build_dataset
 from tests.conftest import REPO, random_windows
 
 
 @pytest.fixture(scope='module')
 def frontier_data_root(tmp_path_factory) -> str:
-    """The 1B YAML's stream folders (and a tokenizer) filled with small random token windows."""
+    """The 1B YAML's train and val stream folders (and a tokenizer) filled with small random token windows."""
     root = tmp_path_factory.mktemp('lustre')
     raw = OmegaConf.load(os.path.join(REPO, 'yamls', 'llama1b.yaml'))
     raw.variables.data_root = str(root)
-    for seed, stream in enumerate(OmegaConf.to_container(raw, resolve=True)['data']['train']['streams'].values()):
+    data = OmegaConf.to_container(raw, resolve=True)['data']
+    streams = [*data['train']['streams'].values(), *data['eval']['streams'].values()]
+    for seed, stream in enumerate(streams):
         write_mds(stream['local'], random_windows(300 + 100 * seed, 16, 500, seed), {'source': 't', 'window': 16})
     os.makedirs(root / 'tokenizer' / 'llama3')
     tokenizer = train_bpe(['some text'] * 10, vocab_size=300)
@@ -36,6 +39,22 @@ def test_shipped_yamls_validate_for_their_cluster(frontier_data_root, monkeypatc
         {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'llama70b.yaml': 1.5e12, 'mlm1b.yaml': 100e9}[yaml_name],
         rel=1e-4)
     assert sum(s.proportion for s in config.data.train.streams.values()) == pytest.approx(1.0)
+    train, held_out = config.data.train.streams, config.data.eval.streams
+    assert {name: (s.local.removesuffix('/val'), s.proportion) for name, s in held_out.items()} == {
+        name: (s.local.removesuffix('/train'), s.proportion) for name, s in train.items()}
+    assert (config.eval_interval, config.eval_subset_num_batches) == ('1000ba', 20)
+
+
+def test_without_val_splits_the_eval_section_is_named_and_can_be_dropped(frontier_data_root, tmp_path):
+    shutil.copytree(frontier_data_root, tmp_path / 'root')
+    shutil.rmtree(tmp_path / 'root' / 'finemath-3plus' / 'val')
+    yaml_path, root = os.path.join(REPO, 'yamls', 'llama1b.yaml'), f'variables.data_root={tmp_path / "root"}'
+    with pytest.raises(ConfigError) as caught:
+        load(yaml_path, [root])
+    assert str(caught.value) == (f'data.eval.streams.finemath.local: no MDS dataset at {tmp_path}/root/finemath-3plus/'
+                                 f'val (index.json missing) and no remote set; run data_prep/convert_to_mds.py or fix '
+                                 f'the path')
+    assert load(yaml_path, [root, 'data.eval=null']).data.eval is None
 
 
 def test_each_stream_gets_its_proportion_over_20k_samples(frontier_data_root):
