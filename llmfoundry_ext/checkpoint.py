@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from llmfoundry_ext.atomic import atomic_folder
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
-NATIVE_CONFIG = 'llama_config.json'   # a from-hf folder: our LlamaConfig + model.safetensors in our names
+NATIVE_CONFIG = 'llama_config.json'   # a from-hf folder: our LlamaConfig + safetensors in our names
 HF_CONFIG = 'config.json'
 MAX_SHARD_SIZE = '5GB'                # per safetensors file written, as transformers' save_pretrained
 COMPOSER_MODEL_PREFIX = 'state.model.model.'
@@ -144,7 +144,7 @@ def load_into(model: Transformer, tensors: dict[str, torch.Tensor], skip: tuple[
 def save_hf(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str, dtype: torch.dtype,
             tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
     """Write an HF Llama folder (config.json, safetensors weights, tokenizer files), atomically."""
-    hf_tensors = {to_hf_name(k): v.to(dtype).contiguous() for k, v in tensors.items()
+    hf_tensors = {to_hf_name(k): v.to(dtype) for k, v in tensors.items()
                   if not (config.tie_embeddings and k == 'lm_head.weight')}
     with atomic_folder(out) as partial:
         write_safetensors(hf_tensors, partial, max_shard_size)
@@ -158,6 +158,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], folder: str, max_shard_s
     """``model.safetensors``, or shards ``model-0000k-of-0000n.safetensors`` of at most ``max_shard_size`` (a
     larger tensor alone in its shard) with the ``model.safetensors.index.json`` that transformers reads."""
     from huggingface_hub import split_torch_state_dict_into_shards
+    tensors = {name: tensor.contiguous() for name, tensor in tensors.items()}  # as safetensors stores them
     split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
     for filename, names in split.filename_to_tensors.items():
         save_file({name: tensors[name] for name in names}, os.path.join(folder, filename), metadata={'format': 'pt'})
@@ -182,7 +183,7 @@ def save_native(tensors: dict[str, torch.Tensor], config: LlamaConfig, out: str,
                 max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
     """Our names + our config (what ``model.init_from`` reads fastest), atomically."""
     with atomic_folder(out) as partial:
-        write_safetensors({k: v.contiguous() for k, v in tensors.items()}, partial, max_shard_size)
+        write_safetensors(tensors, partial, max_shard_size)
         with open(os.path.join(partial, NATIVE_CONFIG), 'w') as file:
             json.dump(config.__dict__, file, indent=2)
 
