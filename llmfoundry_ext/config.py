@@ -29,7 +29,7 @@ class ModelConfig(LlamaConfig):
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
     init_from: Optional[str] = None  # HF Llama folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
-    compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU)
+    compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
 
     def llama(self) -> LlamaConfig:
@@ -85,8 +85,9 @@ class FSDPConfig:
     """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``, bf16 params and fp32 gradient reduction
     under amp_bf16 (``mixed_precision: DEFAULT``)."""
     reshard_after_forward: bool = True  # false: keep gathered params from forward to backward (more memory)
-    activation_checkpointing: str = 'none'  # none, full (every block), selective (every checkpoint_every-th)
-    checkpoint_every: int = 2
+    activation_checkpointing: str = 'none'  # none; full: recompute whole blocks; selective: keep matmul and
+    #                                         attention outputs, recompute the rest (torchtitan's per-op mode)
+    checkpoint_every: int = 1  # apply it to every k-th block (full with 2: every other block recomputed)
     replicate_degree: int = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs
     state_dict_type: str = 'sharded'
     mixed_precision: str = 'DEFAULT'
@@ -362,11 +363,6 @@ def check_performance(config: TrainConfig) -> None:
         if fsdp.activation_checkpointing not in AC_MODES:
             problems['parallelism.fsdp.activation_checkpointing'] = (
                 f"'{fsdp.activation_checkpointing}' is not one of {', '.join(AC_MODES)}")
-        if model.compile and fsdp.activation_checkpointing != 'none':
-            problems['model.compile'] = (
-                'compiled blocks with activation checkpointing fail on the GPU (Composer checkpoints outside the '
-                'compiled block and the recomputed tensors differ); set model.compile=false or '
-                'parallelism.fsdp.activation_checkpointing=none')
         if fsdp.checkpoint_every < 1:
             problems['parallelism.fsdp.checkpoint_every'] = f'must be >= 1, got {fsdp.checkpoint_every}'
         if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:

@@ -106,8 +106,8 @@ def to_text(value) -> str:
 
 def start_summary(config: TrainConfig, trainer) -> str:
     """What this run is, in the numbers a user checks first; says whether it resumed."""
-    from llmfoundry_ext.build import checkpoint_every
     from llmfoundry_ext.model.attention import choose_backend
+    from llmfoundry_ext.parallelism import describe_checkpointing
 
     state = trainer.state
     model = config.model
@@ -119,8 +119,7 @@ def start_summary(config: TrainConfig, trainer) -> str:
         f'  world size {world_size()}, precision {config.precision}, attention '
         f'{choose_backend(model.attn_impl, config.data.document_masking, torch.cuda.is_available())}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
-        f'{parallel_layout(trainer)}, activation checkpointing every '
-        f'{checkpoint_every(config) or "no"} block(s), compiled blocks {model.compile}, '
+        f'{parallel_layout(trainer)}, {describe_checkpointing(config)}, compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {model.llama().flops_per_token(config.max_seq_len):,}',

@@ -68,6 +68,39 @@ def tiny_config(tiny_streams, tmp_path) -> dict:
     }
 
 
+@pytest.fixture(scope='module')
+def one_process_group():
+    """A default process group of this one process (gloo, or NCCL on a GPU) for FSDP2 without a launcher; an
+    earlier in-process run's group of one is used as it is."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        assert dist.get_world_size() == 1
+        yield
+        return
+    dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo', rank=0, world_size=1,
+                            store=dist.HashStore())
+    yield
+    dist.destroy_process_group()
+
+
+def write_frontier_data_root(root, window: int, vocab: int, windows) -> None:
+    """Under ``root``: the train and val folders of the shipped YAMLs' six streams (``windows(i)`` random windows in
+    the i-th) and tokenizer/llama3 (a small BPE with the Llama-3 special tokens the YAMLs name)."""
+    from omegaconf import OmegaConf
+
+    from data_prep.train_tokenizer import train_bpe
+    raw = OmegaConf.load(os.path.join(REPO, 'yamls', 'llama1b.yaml'))
+    raw.variables.data_root = str(root)
+    data = OmegaConf.to_container(raw, resolve=True)['data']
+    streams = [*data['train']['streams'].values(), *data['eval']['streams'].values()]
+    for seed, stream in enumerate(streams):
+        write_mds(stream['local'], random_windows(windows(seed), window, vocab, seed), {'source': 't', 'window': window})
+    os.makedirs(os.path.join(root, 'tokenizer', 'llama3'))
+    tokenizer = train_bpe(['some text'] * 10, vocab_size=300)
+    tokenizer.add_special_tokens(['<|end_of_text|>', '<|reserved_special_token_100|>'])
+    tokenizer.save(os.path.join(root, 'tokenizer', 'llama3', 'tokenizer.json'))
+
+
 def write_yaml(data: dict, path) -> str:
     with open(path, 'w') as file:
         yaml.safe_dump(data, file)

@@ -176,7 +176,7 @@ def test_new_vocabulary_keeps_every_other_tensor(tiny_config, tmp_path):
     source = hf_reference(tmp_path, SOURCE)
     config = load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, vocab_size=1000,
                                         init_skip=['embed_tokens', 'lm_head']), tmp_path / 'run.yaml'))
-    model = build_model(config).model
+    model = build_model(config)[0].model
     _, original = load_hf(source)
     state = model.state_dict()
     kept = [name for name in state if name not in ('embed_tokens.weight', 'lm_head.weight')]

@@ -107,10 +107,6 @@ BAD_CONFIGS = [
      "parallelism.fsdp.activation_checkpointing: 'some' is not one of none, full, selective"),
     (change('parallelism.fsdp.activation_checkpointing', True),
      'parallelism.fsdp.activation_checkpointing: expected str, got bool True'),
-    (changes(('model.compile', True), ('parallelism.fsdp.activation_checkpointing', 'full')),
-     'model.compile: compiled blocks with activation checkpointing fail on the GPU (Composer checkpoints outside '
-     'the compiled block and the recomputed tensors differ); set model.compile=false or '
-     'parallelism.fsdp.activation_checkpointing=none'),
     (change('parallelism.fsdp.checkpoint_every', 0),
      'parallelism.fsdp.checkpoint_every: must be >= 1, got 0'),
     (change('parallelism.fsdp.replicate_degree', 3),

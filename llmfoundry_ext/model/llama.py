@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from llmfoundry_ext.model import fused
 from llmfoundry_ext.model.attention import attend, attention_mask, choose_backend, log_choice
@@ -189,8 +190,16 @@ class TransformerBlock(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = make_norm(config)
         self.mlp = FeedForward(config)
+        self.checkpointing = None  # activation checkpointing: torch.utils.checkpoint's options (parallelism.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
+        """x [B, S, dim] -> [B, S, dim]; with ``checkpointing`` set, activations are recomputed in backward."""
+        if self.checkpointing is None:
+            return self.compute(x, cos, sin, backend, mask)
+        return checkpoint(self.compute, x, cos, sin, backend, mask, use_reentrant=False, preserve_rng_state=False,
+                          **self.checkpointing)
+
+    def compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -210,8 +219,6 @@ class Transformer(nn.Module):
         else:
             self.lm_head.init_std = config.dim ** -0.5
         self.register_buffer('inv_freq', rope_inverse_frequencies(config), persistent=False)
-
-        self.checkpoint_every = 0  # activation checkpointing of every k-th block (0: none); see build.py
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -267,9 +274,4 @@ class Transformer(nn.Module):
     def fsdp_wrap_fn(self, module: nn.Module) -> bool:
         """Composer's FSDP policy: shard each block as its own unit (embeddings stay with the root)."""
         return isinstance(module, TransformerBlock)
-
-    def activation_checkpointing_fn(self, module: nn.Module) -> bool:
-        """Composer's AC policy: every ``checkpoint_every``-th block (1: all of them, 0: none)."""
-        every = self.checkpoint_every
-        return isinstance(module, TransformerBlock) and every > 0 and module.layer_id % every == 0
 

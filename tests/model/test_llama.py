@@ -116,16 +116,6 @@ def test_auto_picks_the_fastest_backend_that_masks_as_asked(masking, on_gpu, exp
     assert choose_backend('auto', masking, on_gpu) == expected
 
 
-def test_selective_checkpointing_picks_every_kth_block():
-    transformer = model(LlamaConfig(**{**TINY.__dict__, 'n_layers': 5}))
-    transformer.checkpoint_every = 2
-    assert [transformer.activation_checkpointing_fn(block) for block in transformer.layers] == [
-        True, False, True, False, True]
-    assert not transformer.activation_checkpointing_fn(transformer.layers[0].mlp)
-    transformer.checkpoint_every = 0
-    assert not any(transformer.activation_checkpointing_fn(block) for block in transformer.layers)
-
-
 def test_compiled_blocks_match_eager():
     """torch.compile per block (inductor, here on the CPU) changes no number beyond float rounding."""
     eager = model()

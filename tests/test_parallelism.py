@@ -1,0 +1,119 @@
+"""Activation checkpointing inside the blocks: which blocks, what each mode recomputes, the same loss and gradients
+as without it (eager and compiled), and the FSDP2 bf16 input cast that broke Composer's wrapper (CPU)."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from llmfoundry_ext.config import load
+from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
+from tests.conftest import write_yaml
+
+TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
+                   rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
+
+
+def run_config(tiny_config, tmp_path, mode: str, every: int = 1, compile_blocks: bool = False):
+    tiny_config['parallelism']['fsdp'].update(activation_checkpointing=mode, checkpoint_every=every)
+    tiny_config['model']['compile'] = compile_blocks
+    return load(write_yaml(tiny_config, tmp_path / f'{mode}-{every}-{compile_blocks}.yaml'))
+
+
+@pytest.mark.parametrize('mode, every, blocks, text', [
+    ('none', 1, [], 'no activation checkpointing'),
+    ('full', 1, [0, 1, 2, 3, 4], 'full activation checkpointing of every block'),
+    ('full', 2, [0, 2, 4], 'full activation checkpointing of every 2nd block'),
+    ('selective', 3, [0, 3], 'selective activation checkpointing of every 3rd block'),
+    ('selective', 4, [0, 4], 'selective activation checkpointing of every 4th block')])
+def test_checkpointed_blocks_and_their_description(tiny_config, tmp_path, mode, every, blocks, text):
+    tiny_config['model']['n_layers'] = 5
+    config = run_config(tiny_config, tmp_path, mode, every)
+    assert [block.layer_id for block in checkpointed_blocks(Transformer(config.model.llama()), config)] == blocks
+    assert describe_checkpointing(config) == text
+
+
+class CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.mm.default
+        return func(*args, **(kwargs or {}))
+
+
+def loss_grads_and_backward_matmuls(config, compile_blocks: bool = False):
+    """fp32 on the CPU: the loss, every gradient, and how many matmuls ran in the backward pass."""
+    torch.manual_seed(0)
+    transformer = Transformer(TINY)
+    parallelize(transformer, config)
+    tokens = torch.randint(0, 97, (2, 32))
+    logits = transformer(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(tokens, -1, 1).flatten())
+    counter = CountMatmuls()
+    with counter:
+        loss.backward()
+    return loss.detach(), {name: p.grad for name, p in transformer.named_parameters()}, counter.count
+
+
+# Backward matmuls: 2 per linear (input and weight gradients), 7 linears a block, 2 blocks, plus the output layer's
+# 2 = 30; full recomputation adds 6 forward matmuls per checkpointed block (it stops once the backward has what it
+# needs: down_proj's output is not needed); selective recomputes only every second one (k, o, up: 3).
+@pytest.mark.parametrize('mode, every, backward_matmuls', [
+    ('none', 1, 30), ('full', 1, 30 + 2 * 6), ('full', 2, 30 + 6), ('selective', 1, 30 + 2 * 3)])
+def test_each_mode_recomputes_what_it_should_and_changes_no_number(tiny_config, tmp_path, mode, every,
+                                                                   backward_matmuls):
+    expected_loss, expected_grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, 'none'))
+    loss, grads, matmuls = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, every))
+    assert matmuls == backward_matmuls
+    assert torch.equal(loss, expected_loss)
+    for name, grad in expected_grads.items():
+        assert torch.equal(grads[name], grad), name
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize('mode', ['full', 'selective'])
+def test_compiled_blocks_with_checkpointing_match_eager(tiny_config, tmp_path, mode):
+    """Checkpointing inside the compiled block (inductor, here on the CPU): the loss and gradients of the eager
+    model without checkpointing, within fp32 rounding."""
+    expected_loss, expected_grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, 'none'))
+    loss, grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, compile_blocks=True))
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def sharded_as_composer_does(transformer: Transformer, config) -> Transformer:
+    """``parallelize``, then FSDP2 per block and at the root with bf16 parameters and fp32 gradient reduction (the
+    mixed precision of Composer's amp_bf16)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    parallelize(transformer, config)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in transformer.layers:
+        fully_shard(block, mp_policy=policy)
+    return fully_shard(transformer, mp_policy=policy)
+
+
+@pytest.mark.parametrize('mode', ['full', 'selective'])
+def test_checkpointing_inside_fsdp2_units_recomputes_with_the_bf16_cast_inputs(tiny_config, tmp_path, mode,
+                                                                            one_process_group):
+    """FSDP2 with bf16 parameters casts each block's float inputs (the fp32 RoPE tables) to bf16 in its pre-forward
+    hook, which does not run again for the recomputation: a checkpoint around the FSDP2 unit (Composer's wrapper)
+    recomputed with fp32 tables and stopped with a CheckpointError. Inside the unit, bf16 gradients equal the
+    uncheckpointed model's exactly."""
+    def bf16_grads(config):
+        torch.manual_seed(0)
+        transformer = sharded_as_composer_does(Transformer(TINY), config)
+        tokens = torch.randint(0, 97, (2, 32))
+        transformer(tokens).float().logsumexp(-1).mean().backward()
+        return {name: p.grad.full_tensor() for name, p in transformer.named_parameters()}
+
+    expected = bf16_grads(run_config(tiny_config, tmp_path, 'none'))
+    grads = bf16_grads(run_config(tiny_config, tmp_path, mode))
+    assert all(torch.equal(grads[name], grad) for name, grad in expected.items())
+
+
+def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path):
+    from llmfoundry_ext.parallelism import composer_parallelism
+    config = run_config(tiny_config, tmp_path, 'full')
+    assert composer_parallelism(config)['fsdp'].activation_checkpointing is False
