@@ -1,12 +1,17 @@
 """Training throughput of YAML runs on synthetic tokens: tokens/s per GPU, MFU, step time and peak memory.
 
-Each row runs in its own ``composer -n GPUS`` process (fresh GPU memory and compile caches); rank 0 writes the
-row's figures to a JSON file the parent reads. The baseline row trains transformers' LlamaForCausalLM (sdpa)
-of the same shape under the same Composer FSDP2 settings, as llm-foundry's ``hf_causal_lm`` does.
+A row is ``NAME SOURCE [key=value ...]``, its SOURCE saying what trains:
+  ``yamls/x.yaml``        our model, as the YAML and its overrides configure it;
+  ``hf:yamls/x.yaml``     transformers' LlamaForCausalLM (sdpa) of that YAML's shape, under the same Composer FSDP2
+                          settings (as llm-foundry's ``hf_causal_lm`` does);
+  ``torchtitan:SETTING``  torchtitan through its anchor script (``.anchors/run.sh SETTING``, KEY=VALUE its env).
+Our and HF rows run in their own ``composer -n GPUS`` process (fresh GPU memory and compile caches) over one data
+folder the parent wrote for every rank; rank 0 writes the row's figures to a JSON file the parent reads.
 """
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -20,22 +25,26 @@ from composer.models import ComposerModel
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.model.llama import LlamaConfig
 
-HF_BASELINE = 'hf'
+SOURCES = {'hf:': 'hf', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; no prefix: ours
+GIB = 2 ** 30
 
 
 @dataclass
 class Row:
-    """One benchmarked configuration: a name, a YAML and its overrides; ``model`` 'ours' or 'hf'."""
+    """One benchmarked configuration: a name, a YAML (or torchtitan setting) and its overrides (or env)."""
     name: str
-    yaml: str
+    source: str
     overrides: list[str] = field(default_factory=list)
     model: str = 'ours'
 
     @classmethod
     def parse(cls, text: str) -> 'Row':
-        """'NAME YAML key=value ...' (shell quoting); NAME 'hf' or starting 'hf:' runs the HF baseline."""
-        name, yaml, *overrides = shlex.split(text)
-        return cls(name, yaml, overrides, HF_BASELINE if name.split(':')[0] == HF_BASELINE else 'ours')
+        """'NAME SOURCE key=value ...' (shell quoting); SOURCE 'hf:YAML', 'torchtitan:SETTING' or a YAML."""
+        name, source, *overrides = shlex.split(text)
+        for prefix, model in SOURCES.items():
+            if source.startswith(prefix):
+                return cls(name, source.removeprefix(prefix), overrides, model)
+        return cls(name, source, overrides, 'ours')
 
 
 class StepTimer(Callback):
@@ -89,42 +98,54 @@ class HFLlamaLM(ComposerModel):
         return batch_flops(self.config, batch)
 
 
-def measure(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> dict:
-    """Train ``warmup + steps`` batches of ``row`` (in this process group) and return its figures."""
+def prepare(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> str:
+    """The row's run YAML over random tokens in ``folder``, written once for all ranks (streaming refuses ranks
+    of one node reading different folders); returns its path."""
+    from llmfoundry_ext.profiling import synthetic_run_yaml
+    overrides = [*row.overrides, f'max_duration={warmup + steps}ba']
+    return synthetic_run_yaml(row.source, overrides, folder, warmup + steps + 2, mean_document_tokens)
+
+
+def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
+    """Train the prepared ``yaml`` (in this process group) and return the row's figures."""
     from composer.callbacks.speed_monitor import get_gpu_flops_available
     from composer.utils import dist
 
     from llmfoundry_ext.config import load
-    from llmfoundry_ext.profiling import synthetic_run_yaml
     from llmfoundry_ext.train import train
 
-    overrides = [*row.overrides, f'max_duration={warmup + steps}ba']
-    yaml = synthetic_run_yaml(row.yaml, overrides, folder, warmup + steps + 2, mean_document_tokens)
     config = load(yaml)
     timer = StepTimer(warmup)
-    model = HFLlamaLM(config.model.llama()) if row.model == HF_BASELINE else None
+    model = HFLlamaLM(config.model.llama()) if row.model == 'hf' else None
     trainer = train(config, extra_callbacks=[timer], model=model)
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
     seconds = timer.step_seconds()
     tokens_per_gpu = config.tokens_per_step / dist.get_world_size() / seconds
     flops_per_token = config.model.llama().flops_per_token(config.max_seq_len)
+    on_gpu = torch.cuda.is_available()
     return {
-        'name': row.name, 'yaml': row.yaml, 'overrides': row.overrides, 'model': row.model,
-        'gpus': dist.get_world_size(), 'device': torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu',
+        'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
+        'gpus': dist.get_world_size(), 'device': torch.cuda.get_device_name() if on_gpu else 'cpu',
         'torch': torch.__version__, 'step_seconds': seconds, 'tokens_per_second_per_gpu': tokens_per_gpu,
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
-        'peak_memory_gib': torch.cuda.max_memory_allocated() / 2 ** 30 if torch.cuda.is_available() else None,
+        'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
+        'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps,
     }
 
 
 def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, mean_document_tokens: int,
-            out: str) -> dict:
-    """``composer -n gpus script --worker ...`` for one row; its figures, or the error it ended with."""
+            folder: str) -> dict:
+    """One row in its own processes: its figures, or the error it ended with."""
+    os.makedirs(folder)
+    if row.model == 'torchtitan':
+        return run_torchtitan(row, gpus, warmup, steps, folder)
+    out = os.path.join(folder, 'result.json')
     command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), script, '--worker',
-               shlex.join([row.name, row.yaml, *row.overrides]), '--warmup', str(warmup), '--steps', str(steps),
-               '--mean-document-tokens', str(mean_document_tokens), '--json', out]
+               shlex.join([row.name, *source_text(row), *row.overrides]),
+               '--worker-yaml', prepare(row, warmup, steps, mean_document_tokens, folder),
+               '--warmup', str(warmup), '--steps', str(steps), '--json', out]
     print(f'--- {row.name}: {shlex.join(command[3:])}', flush=True)
     result = subprocess.run(command, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
     if result.returncode != 0 or not os.path.isfile(out):
@@ -133,17 +154,72 @@ def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, mean_docu
         return json.load(file)
 
 
+def source_text(row: Row) -> list[str]:
+    prefix = next((prefix for prefix, model in SOURCES.items() if model == row.model), '')
+    return [prefix + row.source]
+
+
+# bash ../shared/anchors/prepare.sh puts torchtitan and its script into the checkout's .anchors/
+TORCHTITAN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.anchors', 'run.sh')
+
+
+def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) -> dict:
+    """torchtitan's own trainer through the anchor script, ``warmup + steps`` steps; tokens/s over the timed steps
+    as ours are counted (total tokens over total time: the harmonic mean of its per-step figures)."""
+    env = {**os.environ, 'NGPU': str(gpus), 'STEPS': str(warmup + steps), 'OUT': folder,
+           **dict(item.split('=', 1) for item in row.overrides)}
+    print(f"--- {row.name}: bash {TORCHTITAN_SCRIPT} {row.source} ({' '.join(row.overrides)})", flush=True)
+    result = subprocess.run(['bash', TORCHTITAN_SCRIPT, row.source], env=env)
+    summary_path = os.path.join(folder, 'tt_summary.json')
+    if result.returncode != 0 or not os.path.isfile(summary_path):
+        return {'name': row.name, 'model': row.model, 'error': f'exit status {result.returncode}'}
+    with open(summary_path) as file:
+        steps_logged = json.load(file)[row.source]['rows']
+    timed = [step for step in steps_logged if step['step'] > warmup]
+    if len(timed) < steps:
+        return {'name': row.name, 'model': row.model, 'error': f'{len(steps_logged)} of {warmup + steps} steps logged'}
+    tokens_per_gpu = statistics.harmonic_mean(step['tps'] for step in timed)
+    return {
+        'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model, 'gpus': gpus,
+        'tokens_per_second_per_gpu': tokens_per_gpu, 'mfu': statistics.mean(step['mfu'] for step in timed) / 100,
+        'step_seconds': None, 'peak_allocated_gib': None,
+        'peak_reserved_gib': max(step['mem_gib'] for step in timed), 'timed_steps': steps,
+    }
+
+
 def format_table(results: list[dict], baseline: str | None) -> str:
     """One line per row; ``vs base`` is tokens/s relative to the baseline row."""
     base = next((r for r in results if r['name'] == baseline and 'error' not in r), None)
-    lines = [f"{'run':<28}{'tok/s/GPU':>11}{'MFU':>7}{'step s':>8}{'peak GiB':>10}{'vs base':>9}"]
+    lines = [f"{'run':<26}{'model':<11}{'tok/s/GPU':>10}{'MFU':>7}{'step s':>8}{'alloc GiB':>10}{'resv GiB':>9}"
+             f"{'vs base':>8}"]
     for r in results:
         if 'error' in r:
-            lines.append(f"{r['name']:<28}  failed: {r['error']}")
+            lines.append(f"{r['name']:<26}{r['model']:<11}failed: {r['error']}")
             continue
         ratio = f"{r['tokens_per_second_per_gpu'] / base['tokens_per_second_per_gpu']:.2f}x" if base else '-'
-        mfu = f"{r['mfu']:.1%}" if r['mfu'] else '-'
-        memory = f"{r['peak_memory_gib']:.1f}" if r['peak_memory_gib'] is not None else '-'
-        lines.append(f"{r['name']:<28}{r['tokens_per_second_per_gpu']:>11,.0f}{mfu:>7}{r['step_seconds']:>8.3f}"
-                     f"{memory:>10}{ratio:>9}")
+        lines.append(f"{r['name']:<26}{r['model']:<11}{r['tokens_per_second_per_gpu']:>10,.0f}"
+                     f"{optional(r['mfu'], '{:.1%}'):>7}{optional(r['step_seconds'], '{:.3f}'):>8}"
+                     f"{optional(r['peak_allocated_gib'], '{:.1f}'):>10}{optional(r['peak_reserved_gib'], '{:.1f}'):>9}"
+                     f"{ratio:>8}")
     return '\n'.join(lines)
+
+
+def optional(value, form: str) -> str:
+    return '-' if value is None else form.format(value)
+
+
+def comparisons(results: list[dict], pairs: list[str]) -> list[dict]:
+    """'OURS:THEIRS' row-name pairs -> {ours, theirs, ratio} of their tokens/s per GPU (None if either failed)."""
+    by_name = {r['name']: r for r in results}
+    compared = []
+    for pair in pairs:
+        ours, theirs = (by_name.get(name, {'error': 'no such row'}) for name in pair.split(':'))
+        ratio = None
+        if 'error' not in ours and 'error' not in theirs:
+            ratio = ours['tokens_per_second_per_gpu'] / theirs['tokens_per_second_per_gpu']
+        compared.append({'ours': pair.split(':')[0], 'theirs': pair.split(':')[1], 'ratio': ratio})
+    return compared
+
+
+def format_comparisons(compared: list[dict]) -> str:
+    return '\n'.join(f"{c['ours']:<26} / {c['theirs']:<26} {optional(c['ratio'], '{:.3f}x'):>8}" for c in compared)

@@ -1,15 +1,18 @@
-"""Benchmark training throughput of YAML runs, with transformers' Llama under the same Composer FSDP2 as baseline.
+"""Benchmark training throughput of YAML runs beside transformers' Llama and torchtitan, on the same machine.
 
-  python scripts/benchmark.py --gpus 1 --steps 10 --json bench.json \\
-      --row 'hf yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
-      --row 'ours yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
-      --row 'ours-compiled yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1 model.compile=true'
+  python scripts/benchmark.py --gpus 2 --warmup 5 --steps 10 --json bench.json \\
+      --row 'ours-8b yamls/llama8b.yaml global_batch_size=2' \\
+      --row 'titan-8b torchtitan:compile FLAVOR=8B LBS=1' \\
+      --row 'hf hf:yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
+      --versus ours-8b:titan-8b
 
-Each --row is 'NAME YAML key=value ...'; a NAME of 'hf' (or 'hf:...') trains transformers' LlamaForCausalLM
-(sdpa) of the YAML's shape instead of ours. Data are random tokens with EOS closing documents of
---mean-document-tokens on average (the same tokens in every row), so masked and unmasked rows compare on the
-same data. Prints tokens/s per GPU, MFU, mean step time and peak memory per row, each against the --baseline
-row (default: the first), and writes them as JSON.
+Each --row is 'NAME SOURCE key=value ...': SOURCE a YAML (our model, as that YAML and its overrides set it up;
+with no override but the batch it is the YAML as shipped), 'hf:YAML' (transformers' LlamaForCausalLM, sdpa, of
+that YAML's shape under the same Composer FSDP2 settings) or 'torchtitan:SETTING' (torchtitan v0.2.2 through
+.anchors/run.sh SETTING with KEY=VALUE as its environment: FLAVOR, LBS, SEQ; see bash ../shared/anchors/prepare.sh).
+Our data are random tokens with EOS closing documents of --mean-document-tokens on average, the same in every row.
+Prints tokens/s per GPU, MFU, mean step time and peak memory per row against the --baseline row (default: the
+first), each --versus pair's ratio, and writes them all as JSON.
 """
 import argparse
 import json
@@ -17,19 +20,21 @@ import os
 import sys
 import tempfile
 
-from llmfoundry_ext.benchmark import Row, format_table, measure, run_row
+from llmfoundry_ext.benchmark import Row, comparisons, format_comparisons, format_table, measure, run_row
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--row', action='append', default=[], help="'NAME YAML key=value ...' (repeatable)")
+    parser.add_argument('--row', action='append', default=[], help="'NAME SOURCE key=value ...' (repeatable)")
     parser.add_argument('--gpus', type=int, default=1)
-    parser.add_argument('--warmup', type=int, default=5, help='untimed batches (compilation, allocator warm-up)')
-    parser.add_argument('--steps', type=int, default=10, help='timed batches; their mean step time is reported')
+    parser.add_argument('--warmup', type=int, default=5, help='untimed steps (compilation, allocator warm-up)')
+    parser.add_argument('--steps', type=int, default=10, help='timed steps; tokens/s is over all of them')
     parser.add_argument('--mean-document-tokens', type=int, default=1024)
     parser.add_argument('--baseline', help='row name the ratios refer to (default: the first row)')
+    parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names to compare")
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--worker', help=argparse.SUPPRESS)  # one row, inside composer -n GPUS
+    parser.add_argument('--worker-yaml', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return work(args)
@@ -40,17 +45,19 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for i, row in enumerate(rows):
             results.append(run_row(os.path.abspath(__file__), row, args.gpus, args.warmup, args.steps,
-                                   args.mean_document_tokens, os.path.join(folder, f'{i}.json')))
+                                   args.mean_document_tokens, os.path.join(folder, str(i))))
             print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
-    table = format_table(results, args.baseline or rows[0].name)
-    first = next((r for r in results if 'error' not in r), None)
+    compared = comparisons(results, args.versus)
+    first = next((r for r in results if 'device' in r), None)
     if first:
-        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; mean of {args.steps} steps after "
+        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; tokens/s over {args.steps} steps after "
               f"{args.warmup} warm-up; documents of {args.mean_document_tokens} tokens on average")
-    print(table)
+    print(format_table(results, args.baseline or rows[0].name))
+    if compared:
+        print(format_comparisons(compared))
     if args.json:
         with open(args.json, 'w') as file:
-            json.dump({'rows': results, 'warmup': args.warmup, 'steps': args.steps,
+            json.dump({'rows': results, 'versus': compared, 'warmup': args.warmup, 'steps': args.steps,
                        'mean_document_tokens': args.mean_document_tokens}, file, indent=2)
     return 0 if all('error' not in r for r in results) else 1
 
@@ -58,9 +65,7 @@ def main(argv: list[str]) -> int:
 def work(args) -> int:
     from composer.utils import dist
 
-    row = Row.parse(args.worker)
-    with tempfile.TemporaryDirectory() as folder:
-        result = measure(row, args.warmup, args.steps, args.mean_document_tokens, folder)
+    result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps)
     if dist.get_global_rank() == 0:
         with open(args.json, 'w') as file:
             json.dump(result, file)

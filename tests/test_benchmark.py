@@ -1,32 +1,65 @@
-"""The throughput benchmark: row parsing, the table, the synthetic documents, and one real row on the CPU."""
+"""The throughput benchmark: row parsing, the table and ratios, torchtitan rows, the synthetic documents, and real
+rows on two CPU processes."""
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from llmfoundry_ext.benchmark import Row, format_table
+from llmfoundry_ext import benchmark
+from llmfoundry_ext.benchmark import Row, comparisons, format_comparisons, format_table
 from llmfoundry_ext.profiling import random_windows
 from tests.conftest import REPO
 
 
-def test_rows_parse_with_shell_quoting_and_hf_names():
+def test_rows_name_their_model_in_the_source_not_the_name():
     assert Row.parse("hf yamls/a.yaml global_batch_size=2 'model.fused_kernels=[rope]'") == Row(
-        'hf', 'yamls/a.yaml', ['global_batch_size=2', 'model.fused_kernels=[rope]'], 'hf')
-    assert Row.parse('hf:b1 yamls/a.yaml').model == 'hf'
-    assert Row.parse('ours-hf yamls/a.yaml').model == 'ours'
+        'hf', 'yamls/a.yaml', ['global_batch_size=2', 'model.fused_kernels=[rope]'], 'ours')
+    assert Row.parse('b1 hf:yamls/a.yaml global_batch_size=1') == Row('b1', 'yamls/a.yaml', ['global_batch_size=1'],
+                                                                      'hf')
+    assert Row.parse('tt torchtitan:compile_sac FLAVOR=8B LBS=1') == Row('tt', 'compile_sac', ['FLAVOR=8B', 'LBS=1'],
+                                                                         'torchtitan')
 
 
-def test_table_gives_each_row_against_the_baseline():
-    common = {'step_seconds': 0.5, 'peak_memory_gib': 40.0}
-    results = [{'name': 'hf', 'tokens_per_second_per_gpu': 20000.0, 'mfu': 0.25, **common},
-               {'name': 'ours', 'tokens_per_second_per_gpu': 50000.0, 'mfu': 0.625, **common},
-               {'name': 'broken', 'error': 'exit status 1'}]
+def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
+    common = {'step_seconds': 0.5, 'peak_allocated_gib': 40.0, 'peak_reserved_gib': 42.5}
+    results = [{'name': 'hf', 'model': 'hf', 'tokens_per_second_per_gpu': 20000.0, 'mfu': 0.25, **common},
+               {'name': 'ours', 'model': 'ours', 'tokens_per_second_per_gpu': 50000.0, 'mfu': 0.625, **common},
+               {'name': 'titan', 'model': 'torchtitan', 'tokens_per_second_per_gpu': 40000.0, 'mfu': 0.5,
+                'step_seconds': None, 'peak_allocated_gib': None, 'peak_reserved_gib': 45.0},
+               {'name': 'broken', 'model': 'ours', 'error': 'exit status 1'}]
     assert format_table(results, 'hf').splitlines() == [
-        'run                           tok/s/GPU    MFU  step s  peak GiB  vs base',
-        'hf                               20,000  25.0%   0.500      40.0    1.00x',
-        'ours                             50,000  62.5%   0.500      40.0    2.50x',
-        'broken                        failed: exit status 1']
+        'run                       model       tok/s/GPU    MFU  step s alloc GiB resv GiB vs base',
+        'hf                        hf             20,000  25.0%   0.500      40.0     42.5   1.00x',
+        'ours                      ours           50,000  62.5%   0.500      40.0     42.5   2.50x',
+        'titan                     torchtitan     40,000  50.0%       -         -     45.0   2.00x',
+        'broken                    ours       failed: exit status 1']
+    compared = comparisons(results, ['ours:titan', 'broken:titan'])
+    assert compared == [{'ours': 'ours', 'theirs': 'titan', 'ratio': 1.25},
+                        {'ours': 'broken', 'theirs': 'titan', 'ratio': None}]
+    assert format_comparisons(compared).splitlines() == [
+        'ours                       / titan                        1.250x',
+        'broken                     / titan                             -']
+
+
+FAKE_TORCHTITAN = """
+import json, os, sys
+steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s} for s in range(1, int(os.environ['STEPS']) + 1)]
+json.dump({sys.argv[1]: {'rows': steps, 'flavor': os.environ['FLAVOR']}}, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
+"""
+
+
+def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, monkeypatch):
+    """Tokens over time of steps 3-5 of 5 (3,000, 4,000, 5,000 tokens/s each): their harmonic mean."""
+    script = tmp_path / 'run.sh'
+    script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN}EOF\n")
+    monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    result = benchmark.run_row('unused', Row.parse('tt torchtitan:compile FLAVOR=1B'), 2, 2, 3, 0,
+                               str(tmp_path / 'row'))
+    assert result['tokens_per_second_per_gpu'] == pytest.approx(3 / (1 / 3000 + 1 / 4000 + 1 / 5000))
+    assert (result['mfu'], result['peak_reserved_gib'], result['gpus']) == (0.5, 65.0, 2)
 
 
 def test_synthetic_documents_have_the_asked_mean_length_and_no_stray_eos():
@@ -38,15 +71,22 @@ def test_synthetic_documents_have_the_asked_mean_length_and_no_stray_eos():
     assert np.array_equal(windows, again)
 
 
-def test_one_row_runs_on_the_cpu_and_writes_json(tmp_path):
+@pytest.mark.timeout(600)
+def test_rows_run_on_two_processes_over_one_data_folder_and_write_json(tmp_path):
+    """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and
+    transformers' alike."""
     out = tmp_path / 'bench.json'
+    small = 'max_seq_len=64 global_batch_size=2 precision=fp32 model.n_layers=2'
     run = subprocess.run(
-        [sys.executable, 'scripts/benchmark.py', '--warmup', '2', '--steps', '2', '--mean-document-tokens', '16',
-         '--json', str(out), '--row',
-         'masked yamls/demo.yaml max_seq_len=64 global_batch_size=2 precision=fp32 data.document_masking=true'],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        [sys.executable, 'scripts/benchmark.py', '--gpus', '2', '--warmup', '1', '--steps', '2',
+         '--mean-document-tokens', '16', '--json', str(out), '--versus', 'masked:hf',
+         '--row', f'masked yamls/demo.yaml {small} data.document_masking=true', '--row', f'hf hf:yamls/demo.yaml {small}'],
+        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-2000:]
-    (row,) = json.loads(out.read_text())['rows']
-    assert row['name'] == 'masked' and row['document_masking'] is True and row['tokens_per_second_per_gpu'] > 0
-    assert row['step_seconds'] > 0 and row['gpus'] == 1 and row['mfu'] is None
+    results = json.loads(out.read_text())
+    masked, hf = results['rows']
+    assert (masked['name'], masked['model'], masked['document_masking'], masked['gpus']) == ('masked', 'ours', True, 2)
+    assert (hf['name'], hf['model'], hf['gpus']) == ('hf', 'hf', 2)
+    assert masked['tokens_per_second_per_gpu'] > 0 and masked['mfu'] is None
+    assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
     assert '\nmasked ' in run.stdout
