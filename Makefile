@@ -22,8 +22,11 @@ demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, au
 test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU)
 	$(RUN) $(BIN)/python -m pytest -q tests
 
-test-gpu: $(INSTALLED)
-	$(RUN) $(BIN)/python -m pytest -q -m gpu tests
+# On the GPU machines, with their own torch and the carried wheels: make test-gpu TEST_PYTHON=python3
+TEST_PYTHON ?= $(BIN)/python
+TESTS ?= tests
+test-gpu: $(if $(filter $(BIN)/python,$(TEST_PYTHON)),$(INSTALLED))  ## the tests marked gpu, on the GPUs present
+	$(RUN) $(TEST_PYTHON) -m pytest -q -s -m gpu $(TESTS)
 
 clean-demo:
 	rm -rf demo_run

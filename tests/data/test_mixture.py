@@ -4,29 +4,16 @@ import os
 import shutil
 
 import pytest
-from omegaconf import OmegaConf
-
-from data_prep.packing import write_mds
-from data_prep.train_tokenizer import train_bpe
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.data.dataloader import build_dataset
-from tests.conftest import REPO, random_windows
+from tests.conftest import REPO, write_frontier_data_root
 
 
 @pytest.fixture(scope='module')
 def frontier_data_root(tmp_path_factory) -> str:
-    """The 1B YAML's train and val stream folders (and a tokenizer) filled with small random token windows."""
+    """The shipped YAMLs' train and val stream folders (and a tokenizer), with small random 16-token windows."""
     root = tmp_path_factory.mktemp('lustre')
-    raw = OmegaConf.load(os.path.join(REPO, 'yamls', 'llama1b.yaml'))
-    raw.variables.data_root = str(root)
-    data = OmegaConf.to_container(raw, resolve=True)['data']
-    streams = [*data['train']['streams'].values(), *data['eval']['streams'].values()]
-    for seed, stream in enumerate(streams):
-        write_mds(stream['local'], random_windows(300 + 100 * seed, 16, 500, seed), {'source': 't', 'window': 16})
-    os.makedirs(root / 'tokenizer' / 'llama3')
-    tokenizer = train_bpe(['some text'] * 10, vocab_size=300)
-    tokenizer.add_special_tokens(['<|reserved_special_token_100|>'])
-    tokenizer.save(str(root / 'tokenizer' / 'llama3' / 'tokenizer.json'))
+    write_frontier_data_root(root, window=16, vocab=500, windows=lambda stream: 300 + 100 * stream)
     return str(root)
 
 
@@ -34,7 +21,9 @@ def frontier_data_root(tmp_path_factory) -> str:
                                                    ('mlm1b.yaml', 64)])
 def test_shipped_yamls_validate_for_their_cluster(frontier_data_root, monkeypatch, yaml_name, world_size):
     monkeypatch.setenv('WORLD_SIZE', str(world_size))
-    config = load(os.path.join(REPO, 'yamls', yaml_name), [f'variables.data_root={frontier_data_root}'])
+    # liger's fused cross-entropy needs a GPU; tests/test_shipped_yamls_gpu.py trains these YAMLs as shipped there
+    config = load(os.path.join(REPO, 'yamls', yaml_name), [f'variables.data_root={frontier_data_root}',
+                                                           'model.fused_kernels=[]'])
     assert config.tokens_per_step * int(config.max_duration.removesuffix('ba')) == pytest.approx(
         {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'llama70b.yaml': 1.5e12, 'mlm1b.yaml': 100e9}[yaml_name],
         rel=1e-4)
@@ -49,17 +38,18 @@ def test_without_val_splits_the_eval_section_is_named_and_can_be_dropped(frontie
     shutil.copytree(frontier_data_root, tmp_path / 'root')
     shutil.rmtree(tmp_path / 'root' / 'finemath-3plus' / 'val')
     yaml_path, root = os.path.join(REPO, 'yamls', 'llama1b.yaml'), f'variables.data_root={tmp_path / "root"}'
+    cpu = 'model.fused_kernels=[]'
     with pytest.raises(ConfigError) as caught:
-        load(yaml_path, [root])
+        load(yaml_path, [root, cpu])
     assert str(caught.value) == (f'data.eval.streams.finemath.local: no MDS dataset at {tmp_path}/root/finemath-3plus/'
                                  f'val (index.json missing) and no remote set; run data_prep/convert_to_mds.py or fix '
                                  f'the path')
-    assert load(yaml_path, [root, 'data.eval=null']).data.eval is None
+    assert load(yaml_path, [root, cpu, 'data.eval=null']).data.eval is None
 
 
 def test_each_stream_gets_its_proportion_over_20k_samples(frontier_data_root):
     config = load(os.path.join(REPO, 'yamls', 'llama1b.yaml'),
-                  [f'variables.data_root={frontier_data_root}', 'max_seq_len=16',
+                  [f'variables.data_root={frontier_data_root}', 'max_seq_len=16', 'model.fused_kernels=[]',
                    'data.train.epoch_size=20000'])
     dataset = build_dataset(config.data.train, device_batch_size=16)
     names = list(config.data.train.streams)

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The GPU runs behind the README's performance table and the shipped-YAML checks, on a GPU machine with its own
+# torch: Composer, streaming, liger-kernel and torchao come as wheels (bash ../shared/tools/device-wheels.sh
+# torchao==0.17.0 fills .whl/), torchtitan from bash ../shared/anchors/prepare.sh (.anchors/). From the repo root:
+#   bash benchmarks/gpu.sh tests [pytest args]  make test-gpu on the GPUs present (args: instead of tests/)
+#   bash benchmarks/gpu.sh shipped              llama8b.yaml as shipped (data and global batch aside) and llama70b.yaml
+#                                               with 2 layers: 20 steps and a sharded checkpoint each
+#   bash benchmarks/gpu.sh bench-1b [out.json]  one H100: 1B at local batch 2 and 4 beside torchtitan, HF, and the
+#                                               loss compiled instead of liger's
+#   bash benchmarks/gpu.sh profile-1b           kernel time by category of the 1B at local batch 2
+#   bash benchmarks/gpu.sh bench-8b [out.json]  2 GPUs: 8B, no / selective / full AC and float8, beside torchtitan,
+#                                               and the loss compiled instead of liger's
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
+GPUS=$(nvidia-smi -L | wc -l)
+python3 -c "import torch, composer, streaming; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), \
+'x', torch.cuda.device_count(), '| composer', composer.__version__, '| streaming', streaming.__version__)"
+
+data_root() {  # the shipped YAMLs' six streams, train (1,024 windows: the 70B's canonical nodes) and val (64), with
+  # 8,192-token windows of random Llama-3 ids
+  python3 -c "from tests.conftest import write_frontier_data_root as w; w('$1', 8192, 128256, lambda s: 1024 if s < 6 else 64)"
+}
+
+shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch and duration aside), list the checkpoint
+  local data=/tmp/shipped/data ckpt=/tmp/shipped/ckpt layers=()
+  [ -d $data ] || data_root $data
+  [ -n "${2:-}" ] && layers=("model.n_layers=$2")
+  echo "===== composer train.py yamls/$1 variables.data_root=$data variables.checkpoint_root=$ckpt" \
+    "global_batch_size=$GPUS max_duration=20ba ${layers[*]}"
+  local t0=$SECONDS
+  composer train.py "yamls/$1" "variables.data_root=$data" "variables.checkpoint_root=$ckpt" \
+    "global_batch_size=$GPUS" max_duration=20ba "${layers[@]}" > "$OUT/shipped-$1.log" 2>&1
+  echo "exit $?, $((SECONDS - t0))s wall"
+  grep -E "^run |^  |Train (loss/train/total|memory/peak_allocated_mem|throughput/device/tokens_per_sec)|Eval metrics/eval/LanguageCrossEntropy|Error|error:" \
+    "$OUT/shipped-$1.log" | grep -v Warning | tail -22
+  ls -la $ckpt/*/ep0-ba20 && du -sh $ckpt/*/ep0-ba20
+  rm -rf $ckpt
+}
+
+case "${1:-}" in
+  tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
+  shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
+  bench-8b-core)  # no activation checkpointing only: ours as shipped beside torchtitan compiled
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "${2:-$OUT/bench-8b-core.json}" \
+      --row "ours yamls/llama8b.yaml global_batch_size=$GPUS" --row "titan torchtitan:compile FLAVOR=8B LBS=1" \
+      --versus ours:titan ;;
+  bench-1b)
+    Y=yamls/llama1b.yaml
+    python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
+      --row "ours-b2 $Y global_batch_size=2 device_microbatch_size=2" --row "titan-b2 torchtitan:compile FLAVOR=1B LBS=2" \
+      --row "ours-b4 $Y global_batch_size=4" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
+      --row "hf hf:$Y global_batch_size=1 device_microbatch_size=1" \
+      --row "ours-b2-compiled-ce $Y global_batch_size=2 device_microbatch_size=2 model.fused_kernels=[]" \
+      --versus ours-b2:titan-b2 --versus ours-b4:titan-b4 --versus ours-b2-compiled-ce:titan-b2 ;;
+  profile-1b)
+    python3 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
+      --steps 3 --trace /tmp/trace-1b.json --json "$OUT/profile-1b.json" 2>&1 | tail -14 ;;
+  bench-8b)
+    Y=yamls/llama8b.yaml; B="global_batch_size=$GPUS"; AC=parallelism.fsdp.activation_checkpointing
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "${2:-$OUT/bench-8b.json}" \
+      --row "ours $Y $B" --row "titan torchtitan:compile FLAVOR=8B LBS=1" --row "ours-compiled-ce $Y $B model.fused_kernels=[]" \
+      --row "ours-selective $Y $B $AC=selective" --row "titan-selective torchtitan:compile_sac FLAVOR=8B LBS=1" \
+      --row "ours-full $Y $B $AC=full" --row "titan-full torchtitan:compile_full FLAVOR=8B LBS=1" \
+      --row "ours-float8 $Y $B model.float8=true" --row "titan-float8 torchtitan:fp8 FLAVOR=8B LBS=1" \
+      --versus ours:titan --versus ours-selective:titan-selective --versus ours-full:titan-full \
+      --versus ours-float8:titan-float8 --versus ours-compiled-ce:titan ;;
+  *) sed -n 2,10p "$0"; exit 2 ;;
+esac

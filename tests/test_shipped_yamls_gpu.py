@@ -1,0 +1,78 @@
+"""On the GPUs present: every shipped YAML trains as shipped (its model width, sequence, compile, fused kernels,
+optimizer, activation checkpointing, data mixture and evaluation), through ``composer -n <GPUs> train.py``, with only
+the data root, the batch, the layer count (to fit the GPUs at hand) and the step count reduced; it writes a sharded
+checkpoint, and the same command run again finds the run complete."""
+import gc
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tests.conftest import COMPOSER, REPO, write_frontier_data_root
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 4
+LLAMA3_VOCAB = 128256
+
+
+@pytest.fixture(scope='module')
+def data_root(tmp_path_factory) -> str:
+    """The six streams' train/val folders with 8,192-token windows of random Llama-3 ids: as many per train stream as
+    the largest YAML has canonical nodes (1,024), 64 per val stream (streaming's default count)."""
+    root = tmp_path_factory.mktemp('lustre')
+    write_frontier_data_root(root, window=8192, vocab=LLAMA3_VOCAB, windows=lambda stream: 1024 if stream < 6 else 64)
+    return str(root)
+
+
+def gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def fitting_layers(yaml_name: str) -> list[str]:
+    """The layer count that fits the GPUs present: all 16 of the 1B models; 4 of the 8B and 1-2 of the 70B (their
+    fp32 weights and Adam state alone: 8B 128 GB, 70B 1.1 TB)."""
+    if yaml_name == 'llama8b.yaml':
+        return ['model.n_layers=4']
+    if yaml_name == 'llama70b.yaml':
+        return [f'model.n_layers={1 if gpus() == 1 else 2}']
+    return []
+
+
+def train(yaml_name: str, data_root: str, checkpoints: str) -> subprocess.CompletedProcess:
+    per_gpu = 8 if '1b' in yaml_name else 2  # two micro-batches of the YAML's (4 or 1): gradient accumulation
+    command = [COMPOSER, '-n', str(gpus()), 'train.py', f'yamls/{yaml_name}', f'variables.data_root={data_root}',
+               f'variables.checkpoint_root={checkpoints}', f'global_batch_size={per_gpu * gpus()}',
+               f'max_duration={STEPS}ba', f'checkpoint.save_interval={STEPS}ba', 'log_interval=1ba',
+               'eval_subset_num_batches=2', *fitting_layers(yaml_name)]
+    print(' '.join(command))
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, 'PYTHONUNBUFFERED': '1'})
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize('yaml_name', ['llama1b.yaml', 'mlm1b.yaml', 'llama8b.yaml', 'llama70b.yaml'])
+def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, data_root, tmp_path):
+    gc.collect()
+    torch.cuda.empty_cache()  # what earlier tests in this process cached, the training process needs
+    checkpoints = tmp_path / 'checkpoints'  # up to 36 GB (70B, one layer): removed at the end
+    try:
+        run = train(yaml_name, data_root, str(checkpoints))
+        print(run.stdout[-6000:])
+        assert run.returncode == 0, run.stderr[-4000:]
+        log = run.stdout + run.stderr  # Composer's console logger writes to stderr
+        losses = [float(value) for value in re.findall(r'Train loss/train/total: ([\d.naninf]+)', log)]
+        assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses)
+        assert abs(losses[0] - math.log(LLAMA3_VOCAB)) < 1.0  # a fresh model predicts about uniformly: ln 128,256
+        run_name = re.search(r'^run (\S+): Llama preset', run.stdout, re.MULTILINE).group(1)
+        saved = sorted(os.listdir(checkpoints / run_name / f'ep0-ba{STEPS}'))
+        assert saved == ['.metadata'] + [f'__{rank}_0.distcp' for rank in range(gpus())]
+        again = train(yaml_name, data_root, str(checkpoints))
+        assert again.returncode == 0, again.stderr[-4000:]
+        assert f'run {run_name} is already complete ({STEPS}ba)' in again.stdout
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)
