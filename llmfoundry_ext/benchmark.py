@@ -46,6 +46,11 @@ class Row:
                 return cls(name, source.removeprefix(prefix), overrides, model)
         return cls(name, source, overrides, 'ours')
 
+    def text(self) -> str:
+        """The row as ``parse`` reads it."""
+        prefix = next((prefix for prefix, model in SOURCES.items() if model == self.model), '')
+        return shlex.join([self.name, prefix + self.source, *self.overrides])
+
 
 class StepTimer(Callback):
     """Mean step time over the batches after ``warmup``, synchronising only at the window's two ends (a sync
@@ -143,7 +148,7 @@ def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, mean_docu
         return run_torchtitan(row, gpus, warmup, steps, folder)
     out = os.path.join(folder, 'result.json')
     command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), script, '--worker',
-               shlex.join([row.name, *source_text(row), *row.overrides]),
+               row.text(),
                '--worker-yaml', prepare(row, warmup, steps, mean_document_tokens, folder),
                '--warmup', str(warmup), '--steps', str(steps), '--json', out]
     print(f'--- {row.name}: {shlex.join(command[3:])}', flush=True)
@@ -152,11 +157,6 @@ def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, mean_docu
         return {'name': row.name, 'model': row.model, 'error': f'exit status {result.returncode}'}
     with open(out) as file:
         return json.load(file)
-
-
-def source_text(row: Row) -> list[str]:
-    prefix = next((prefix for prefix, model in SOURCES.items() if model == row.model), '')
-    return [prefix + row.source]
 
 
 # bash ../shared/anchors/prepare.sh puts torchtitan and its script into the checkout's .anchors/
@@ -213,11 +213,12 @@ def comparisons(results: list[dict], pairs: list[str]) -> list[dict]:
     by_name = {r['name']: r for r in results}
     compared = []
     for pair in pairs:
-        ours, theirs = (by_name.get(name, {'error': 'no such row'}) for name in pair.split(':'))
+        names = pair.split(':')
+        ours, theirs = (by_name.get(name, {'error': 'no such row'}) for name in names)
         ratio = None
         if 'error' not in ours and 'error' not in theirs:
             ratio = ours['tokens_per_second_per_gpu'] / theirs['tokens_per_second_per_gpu']
-        compared.append({'ours': pair.split(':')[0], 'theirs': pair.split(':')[1], 'ratio': ratio})
+        compared.append({'ours': names[0], 'theirs': names[1], 'ratio': ratio})
     return compared
 
 

@@ -21,6 +21,8 @@ def test_rows_name_their_model_in_the_source_not_the_name():
                                                                       'hf')
     assert Row.parse('tt torchtitan:compile_sac FLAVOR=8B LBS=1') == Row('tt', 'compile_sac', ['FLAVOR=8B', 'LBS=1'],
                                                                          'torchtitan')
+    for text in ("b1 hf:yamls/a.yaml 'model.fused_kernels=[rope]'", 'tt torchtitan:fp8 LBS=1', 'ours yamls/a.yaml'):
+        assert Row.parse(text).text() == text
 
 
 def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
