@@ -6,6 +6,7 @@ from composer import Trainer
 from composer.utils import dist
 
 from llmfoundry_ext import registry
+from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
 from llmfoundry_ext.checkpoint import load_into, load_weights_folder
 from llmfoundry_ext.config import TrainConfig, eos_token_id, mask_token_id
 from llmfoundry_ext.data.collate import Collator
@@ -13,6 +14,7 @@ from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LlamaLM
 from llmfoundry_ext.model.llama import Transformer
 from llmfoundry_ext.parallelism import composer_parallelism, parallelize
+from llmfoundry_ext.resumption import SealedCheckpointSaver
 
 
 def build_model(config: TrainConfig) -> tuple[LlamaLM, list]:
@@ -79,6 +81,9 @@ def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), 
     if data.eval is not None:
         eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator)
     checkpoint = config.checkpoint
+    savers = [SealedCheckpointSaver(
+        folder=checkpoint.save_folder, remote_file_name=None, save_interval=checkpoint.save_interval,
+        num_checkpoints_to_keep=checkpoint.save_num_checkpoints_to_keep)] if checkpoint.save_folder else []
     return Trainer(
         run_name=config.run_name,
         device=device,
@@ -93,12 +98,10 @@ def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), 
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=composer_parallelism(config),
-        callbacks=build_named('callbacks', config.callbacks) + parallelism_callbacks + list(extra_callbacks),
+        callbacks=[StopOnNonFiniteLoss(), *build_named('callbacks', config.callbacks), *parallelism_callbacks,
+                   *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),
         loggers=build_named('loggers', config.loggers, logger_defaults(config)),
-        save_folder=checkpoint.save_folder,
-        save_interval=checkpoint.save_interval,
-        save_num_checkpoints_to_keep=checkpoint.save_num_checkpoints_to_keep,
         autoresume=checkpoint.autoresume,
         load_path=checkpoint.load_path,
         progress_bar=config.progress_bar,

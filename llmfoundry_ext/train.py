@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.config import ConfigError, TrainConfig, load, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
+from llmfoundry_ext.errors import TrainingStopped
 
 DIST_TIMEOUT_SECONDS = 300.0
 USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
@@ -25,7 +26,12 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f'config error: {error}', file=sys.stderr)
         return 2
-    train(config)
+    try:
+        train(config)
+    except TrainingStopped as stop:
+        if int(os.environ.get('RANK', '0')) == 0:
+            print(f'error: {stop}', file=sys.stderr)
+        return 1
     return 0
 
 
@@ -41,6 +47,7 @@ def train(config: TrainConfig, extra_callbacks: list = (), model=None):
     from composer.utils import dist, get_device, reproducibility
 
     from llmfoundry_ext.build import build_trainer
+    from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
 
     reproducibility.seed_all(config.seed)
     device = get_device(None)
@@ -49,6 +56,8 @@ def train(config: TrainConfig, extra_callbacks: list = (), model=None):
         removed = remove_stale_streaming_state()
         if removed:
             print(f"removed streaming shared memory left by crashed runs: prefixes {', '.join(removed)}", flush=True)
+    if config.checkpoint.autoresume and config.checkpoint_folder:
+        prepare_autoresume_on_rank_zero(config.checkpoint_folder)
     dist.barrier()
     trainer = build_trainer(config, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1

@@ -1,0 +1,209 @@
+"""Checkpoints autoresume can trust: sealed once complete, checked before a run resumes from them.
+
+Composer writes a sharded checkpoint in place (each rank's ``__<rank>_0.distcp``, then ``.metadata``) and then points
+``latest-rank0.pt`` at it by removing and re-creating that link. A kill inside the write leaves a half-written
+folder; a kill between the two link steps leaves no link, and Composer would start from scratch; files can also be
+truncated or damaged later. So: after each save rank 0 writes a seal (each file's size and the metadata's sha256),
+and before a run starts rank 0 picks the newest checkpoint that is complete and intact, moves newer broken ones
+aside (renamed, never deleted) with one line each, and points the link at it.
+"""
+import errno
+import json
+import os
+import pickle
+import re
+import zipfile
+
+import torch
+from composer.callbacks import CheckpointSaver
+from composer.utils import dist
+from composer.utils.checkpoint import get_save_filename
+
+from llmfoundry_ext.atomic import write_atomically
+from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.errors import TrainingStopped
+
+LATEST = 'latest-rank0.pt'  # Composer's link to the checkpoint autoresume loads (rank 0's; sharded runs share it)
+SEAL = '.complete.json'
+METADATA = '.metadata'
+CHECKPOINT_NAME = re.compile(r'^ep\d+-ba(\d+)(-rank0\.pt)?$')  # a sharded folder, or a whole-model file
+
+
+def seal_path(checkpoint: str) -> str:
+    """A sharded checkpoint's seal is a file in its folder; a whole-model file's sits beside it."""
+    if os.path.isdir(checkpoint):
+        return os.path.join(checkpoint, SEAL)
+    return os.path.join(os.path.dirname(checkpoint), f'.{os.path.basename(checkpoint)}{SEAL}')
+
+
+def seal(checkpoint: str) -> None:
+    """Record, once every rank has written, each file's size and the sharded metadata's sha256."""
+    files = sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else [checkpoint]
+    record = {'sizes': {os.path.basename(name): os.path.getsize(os.path.join(checkpoint, name)) for name in files
+                        if name != SEAL}}
+    if os.path.isdir(checkpoint):
+        record['metadata_sha256'] = file_sha256(os.path.join(checkpoint, METADATA))
+    write_atomically(seal_path(checkpoint), json.dumps(record))
+
+
+def problem(checkpoint: str) -> str | None:
+    """Why ``checkpoint`` cannot be resumed from (incomplete, truncated, a shard missing, changed metadata), or None."""
+    sharded = os.path.isdir(checkpoint)
+    if sharded and not os.path.isfile(os.path.join(checkpoint, METADATA)):
+        return 'no .metadata: its write was interrupted'
+    if os.path.isfile(seal_path(checkpoint)):
+        return sealed_problem(checkpoint)
+    return unsealed_sharded_problem(checkpoint) if sharded else unsealed_file_problem(checkpoint)
+
+
+def sealed_problem(checkpoint: str) -> str | None:
+    try:
+        with open(seal_path(checkpoint)) as file:
+            record = json.load(file)
+        sizes = record['sizes']
+    except (ValueError, KeyError):
+        return f'its seal {os.path.basename(seal_path(checkpoint))} is unreadable'
+    folder = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
+    for name, size in sizes.items():
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f'{name} is missing'
+        if os.path.getsize(path) != size:
+            return f'{name} has {os.path.getsize(path):,} bytes where {size:,} were written'
+    if 'metadata_sha256' in record and file_sha256(os.path.join(checkpoint, METADATA)) != record['metadata_sha256']:
+        return '.metadata differs from what was written (sha256)'
+    return None
+
+
+def unsealed_sharded_problem(checkpoint: str) -> str | None:
+    """A folder written before seals (or killed between its write and its seal): its metadata must read, and every
+    byte range it names must exist."""
+    try:
+        with open(os.path.join(checkpoint, METADATA), 'rb') as file:
+            storage = pickle.load(file).storage_data
+        ends = {}  # file -> the end of the last byte range the metadata places in it
+        for info in storage.values():
+            ends[info.relative_path] = max(ends.get(info.relative_path, 0), info.offset + info.length)
+    except Exception as error:  # a damaged pickle raises anything
+        return f'.metadata is unreadable ({type(error).__name__})'
+    for name, end in sorted(ends.items()):
+        path = os.path.join(checkpoint, name)
+        if not os.path.isfile(path):
+            return f'{name} is missing'
+        if os.path.getsize(path) < end:
+            return f'{name} has {os.path.getsize(path):,} bytes where {end:,} were written'
+    return None
+
+
+def unsealed_file_problem(checkpoint: str) -> str | None:
+    """torch.save writes a zip archive whose directory comes last: a truncated file has none."""
+    return None if zipfile.is_zipfile(checkpoint) else 'not a complete torch.save archive (truncated?)'
+
+
+def checkpoints_newest_first(folder: str) -> list[str]:
+    """The checkpoints Composer wrote in ``folder`` (``ep<e>-ba<b>`` folders or ``-rank0.pt`` files), newest first."""
+    names = [(int(match[1]), name) for name in os.listdir(folder) if (match := CHECKPOINT_NAME.match(name))]
+    return [name for _, name in sorted(names, reverse=True)]
+
+
+def prepare_autoresume(folder: str) -> list[str]:
+    """Point ``folder/latest-rank0.pt`` at the newest complete checkpoint, moving newer broken ones aside; returns
+    one line per checkpoint moved. Raises TrainingStopped if checkpoints exist and none is complete (starting
+    from scratch then would silently throw the run away)."""
+    if not os.path.isdir(folder):
+        return []
+    names = checkpoints_newest_first(folder)
+    problems = {name: problem(os.path.join(folder, name)) for name in names}
+    target = next((name for name in names if problems[name] is None), None)
+    if target is None and names:
+        listed = '; '.join(f'{name}: {reason}' for name, reason in problems.items())
+        raise TrainingStopped(f'autoresume: no complete checkpoint in {folder} ({listed}); move them out of the folder '
+                              f'to start from scratch, or set checkpoint.load_path')
+    lines = []
+    for name in names[:names.index(target)] if target else []:
+        moved = move_aside(os.path.join(folder, name))
+        lines.append(f'autoresume: skipped checkpoint {name} ({problems[name]}); moved it to {moved}, resuming from '
+                     f'{target}')
+    if target:
+        point_latest_at(folder, target)
+    return lines
+
+
+def move_aside(path: str) -> str:
+    """Rename ``path`` to ``<name>.broken`` (``.broken-2``, ... if taken); returns the new name."""
+    candidate, number = f'{path}.broken', 1
+    while os.path.lexists(candidate):
+        number += 1
+        candidate = f'{path}.broken-{number}'
+    os.rename(path, candidate)
+    if os.path.isfile(seal_path(path)):
+        os.rename(seal_path(path), seal_path(candidate))
+    return os.path.basename(candidate)
+
+
+def point_latest_at(folder: str, name: str) -> None:
+    """Replace the link atomically (Composer removes it, then re-creates it: a kill between leaves none)."""
+    link = os.path.join(folder, LATEST)
+    if os.path.islink(link) and os.readlink(link) == name:
+        return
+    temporary = f'{link}.{os.getpid()}.tmp'
+    os.symlink(name, temporary)
+    os.replace(temporary, link)
+
+
+def prepare_autoresume_on_rank_zero(folder: str) -> None:
+    """``prepare_autoresume`` on global rank 0, which prints its lines; every rank raises its error, if any."""
+    outcome = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            for line in prepare_autoresume(folder):
+                print(line, flush=True)
+        except TrainingStopped as stop:
+            outcome = [str(stop)]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0]:
+        raise TrainingStopped(outcome[0])
+
+
+class SealedCheckpointSaver(CheckpointSaver):
+    """Composer's CheckpointSaver that refuses to save non-finite weights, turns a failed write (a full disk) into
+    one line, and seals each checkpoint once every rank has written it."""
+
+    def _save_checkpoint(self, state, logger) -> None:
+        name = self.checkpoint_path(state)
+        stop_on_nonfinite_weights(state, os.path.basename(name))
+        try:
+            super()._save_checkpoint(state, logger)
+        except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+            if not is_disk_full(error):
+                raise
+            raise TrainingStopped(f'no space left on the device while writing checkpoint {name}: free space, then run '
+                                  f'the same command; it resumes from the newest complete checkpoint') from None
+        if dist.get_global_rank() == 0:
+            seal(name)
+
+    def checkpoint_path(self, state) -> str:
+        """The folder (sharded) or file this save writes, as Composer names it."""
+        saved = get_save_filename(state, self.filename.format(state, keep_placeholders=True))
+        return os.path.dirname(saved) if state.fsdp_sharded_state_dict_enabled else saved
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An ENOSPC in ``error``, its cause, or the failures torch.distributed.checkpoint collected from the ranks (each
+    an exception, or an (exception, traceback) pair)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    failures = [failure[0] if isinstance(failure, tuple) else failure
+                for failure in (getattr(error, 'failures', None) or {}).values()]
+    return any(isinstance(inner, BaseException) and is_disk_full(inner) for inner in [*failures, error.__cause__])
+
+
+def stop_on_nonfinite_weights(state, checkpoint: str) -> None:
+    """Raise before a checkpoint of non-finite weights is written (checked on every rank's shard)."""
+    shards = [p.to_local() if hasattr(p, 'to_local') else p for p in state.model.parameters()]
+    finite = torch.stack([torch.isfinite(shard).all() for shard in shards]).all().to(torch.int32).reshape(1)
+    dist.all_reduce(finite, reduce_operation='MIN')
+    if not finite.item():
+        raise TrainingStopped(f'non-finite weights at batch {int(state.timestamp.batch)}: not writing checkpoint '
+                              f'{checkpoint}; the same command resumes from the last checkpoint (lower the learning '
+                              f'rate or check the data first)')

@@ -1,0 +1,202 @@
+"""Autoresume never loads a broken checkpoint: each corruption falls back to the newest complete one with one line,
+moving the broken one aside; a non-finite loss or weights stop the run before they are checkpointed; a full disk
+during a checkpoint write is one line and the re-run resumes."""
+import contextlib
+import errno
+import os
+import pickle
+import shutil
+import subprocess
+
+import pytest
+import torch
+from composer.core import Callback
+
+from llmfoundry_ext.config import load
+from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.errors import TrainingStopped
+from llmfoundry_ext.resumption import LATEST, SEAL, prepare_autoresume, problem
+from llmfoundry_ext.train import main, train
+from tests.conftest import COMPOSER, REPO, write_yaml
+
+
+@pytest.fixture(scope='module')
+def two_rank_run(tmp_path_factory, tiny_streams) -> str:
+    """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10."""
+    import yaml
+    folder = tmp_path_factory.mktemp('run')
+    config = {
+        'run_name': 'tiny', 'max_seq_len': 32, 'global_batch_size': 8, 'max_duration': '10ba', 'precision': 'fp32',
+        'model': {'preset': 'debug', 'dim': 64, 'n_layers': 2, 'n_heads': 4, 'n_kv_heads': 2, 'ffn_dim': 128,
+                  'vocab_size': 512, 'max_seq_len': 64},
+        'data': {'train': {'streams': {'a': {'local': tiny_streams['a']}}}},
+        'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '5ba'},
+        'loggers': {}, 'progress_bar': False}
+    (folder / 'run.yaml').write_text(yaml.safe_dump(config))
+    run = subprocess.run([COMPOSER, '-n', '2', 'train.py', str(folder / 'run.yaml')], cwd=REPO, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return str(folder / 'checkpoints')
+
+
+def copy_of(run: str, tmp_path) -> str:
+    return shutil.copytree(run, tmp_path / 'checkpoints', symlinks=True)
+
+
+def truncate(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def flip_a_byte(path: str) -> None:
+    data = bytearray(open(path, 'rb').read())
+    data[len(data) // 2] ^= 0x01
+    open(path, 'wb').write(bytes(data))
+
+
+CORRUPTIONS = {  # damage done to ep0-ba10 -> the reason given for skipping it
+    'truncated shard': (lambda ckpt: truncate(f'{ckpt}/__1_0.distcp'), '__1_0.distcp has {size} bytes where {written} '
+                                                                       'were written'),
+    'missing rank shard': (lambda ckpt: os.remove(f'{ckpt}/__1_0.distcp'), '__1_0.distcp is missing'),
+    'flipped byte in the metadata': (lambda ckpt: flip_a_byte(f'{ckpt}/.metadata'),
+                                     '.metadata differs from what was written (sha256)'),
+    'half-written folder': (lambda ckpt: os.remove(f'{ckpt}/.metadata'), 'no .metadata: its write was interrupted'),
+}
+
+
+@pytest.mark.parametrize('case', CORRUPTIONS)
+def test_each_corruption_falls_back_to_the_newest_complete_checkpoint(two_rank_run, tmp_path, case):
+    folder = copy_of(two_rank_run, tmp_path)
+    newest = f'{folder}/ep0-ba10'
+    written = os.path.getsize(f'{newest}/__1_0.distcp')
+    damage, reason = CORRUPTIONS[case]
+    damage(newest)
+    size = os.path.getsize(f'{newest}/__1_0.distcp') if os.path.exists(f'{newest}/__1_0.distcp') else 0
+    lines = prepare_autoresume(folder)
+    assert lines == [f'autoresume: skipped checkpoint ep0-ba10 ({reason.format(size=f"{size:,}", written=f"{written:,}")})'
+                     f'; moved it to ep0-ba10.broken, resuming from ep0-ba5']
+    assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba5'
+    assert sorted(name for name in os.listdir(folder) if name != 'config.yaml') == ['ep0-ba10.broken', 'ep0-ba5', LATEST]
+
+
+def test_a_checkpoint_written_before_seals_is_checked_against_its_metadata(two_rank_run, tmp_path):
+    folder = copy_of(two_rank_run, tmp_path)
+    os.remove(f'{folder}/ep0-ba10/{SEAL}')
+    assert problem(f'{folder}/ep0-ba10') is None
+    truncate(f'{folder}/ep0-ba10/__0_0.distcp')
+    with open(f'{folder}/ep0-ba10/.metadata', 'rb') as file:
+        end = max(info.offset + info.length for info in pickle.load(file).storage_data.values()
+                  if info.relative_path == '__0_0.distcp')
+    size = os.path.getsize(f'{folder}/ep0-ba10/__0_0.distcp')
+    assert problem(f'{folder}/ep0-ba10') == f'__0_0.distcp has {size:,} bytes where {end:,} were written'
+
+
+def test_a_missing_latest_link_points_at_the_newest_checkpoint(two_rank_run, tmp_path):
+    """Composer removes the link, then re-creates it: a kill in between left none, and the run started over."""
+    folder = copy_of(two_rank_run, tmp_path)
+    os.remove(f'{folder}/{LATEST}')
+    assert prepare_autoresume(folder) == []
+    assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10'
+
+
+def test_with_no_complete_checkpoint_the_run_stops_and_moves_nothing(two_rank_run, tmp_path):
+    folder = copy_of(two_rank_run, tmp_path)
+    for name in ('ep0-ba5', 'ep0-ba10'):
+        os.remove(f'{folder}/{name}/.metadata')
+    with pytest.raises(TrainingStopped) as stopped:
+        prepare_autoresume(folder)
+    assert str(stopped.value) == (
+        f'autoresume: no complete checkpoint in {folder} (ep0-ba10: no .metadata: its write was interrupted; ep0-ba5: '
+        f'no .metadata: its write was interrupted); move them out of the folder to start from scratch, or set '
+        f'checkpoint.load_path')
+    assert sorted(name for name in os.listdir(folder) if name != 'config.yaml') == ['ep0-ba10', 'ep0-ba5', LATEST]
+
+
+def test_a_resumed_two_process_run_continues_from_the_fallback(two_rank_run, tmp_path):
+    folder = copy_of(two_rank_run, tmp_path)
+    flip_a_byte(f'{folder}/ep0-ba10/.metadata')
+    yaml_path = os.path.join(os.path.dirname(two_rank_run), 'run.yaml')
+    run = subprocess.run([COMPOSER, '-n', '2', 'train.py', yaml_path, f'checkpoint.save_folder={folder}',
+                          'max_duration=12ba'], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ('autoresume: skipped checkpoint ep0-ba10 (.metadata differs from what was written (sha256)); moved it '
+            'to ep0-ba10.broken, resuming from ep0-ba5') in run.stdout
+    assert 'autoresume: resuming from the latest checkpoint at batch 5' in run.stdout
+    assert 'stopped at batch 12 of 12ba' in run.stdout
+
+
+class PoisonWeights(Callback):
+    """Sets a weight to NaN: at the start of batch ``at`` (its loss is NaN), or at its end (after the step)."""
+
+    def __init__(self, at: int, event: str):
+        self.at, self.event = at, event
+
+    def run_event(self, event, state, logger):
+        if event.value == self.event and int(state.timestamp.batch) + (self.event == 'batch_start') == self.at:
+            with torch.no_grad():
+                next(state.model.parameters()).fill_(float('nan'))
+
+
+@pytest.mark.parametrize('event, message', [
+    ('batch_start', 'non-finite training loss nan at batch 6: stopped before checkpointing it; the same command '
+                    'resumes from the last checkpoint (lower the learning rate or check the data first)'),
+    ('batch_end', 'non-finite weights at batch 6: not writing checkpoint ep0-ba6; the same command resumes from the '
+                  'last checkpoint (lower the learning rate or check the data first)')])
+def test_non_finite_loss_or_weights_stop_before_the_checkpoint(tiny_config, tmp_path, event, message, capsys):
+    tiny_config.update(max_duration='8ba', loggers={})
+    tiny_config['checkpoint']['save_interval'] = '2ba'
+    path = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    with pytest.raises(TrainingStopped) as stopped:
+        train(load(path), extra_callbacks=[PoisonWeights(6, event)])
+    assert str(stopped.value) == message
+    folder = tmp_path / 'checkpoints' / 'tiny'
+    assert sorted(name for name in os.listdir(folder) if name.startswith('ep')) == ['ep0-ba2', 'ep0-ba4']
+    capsys.readouterr()
+    assert main([path]) == 0
+    assert 'autoresume: resuming from the latest checkpoint at batch 4' in capsys.readouterr().out
+    assert os.readlink(folder / LATEST) == 'ep0-ba8'
+
+
+@contextlib.contextmanager
+def disk_full_for(marker: str):
+    """torch.distributed.checkpoint's file writes into a path containing ``marker`` fail with ENOSPC."""
+    from torch.distributed.checkpoint.filesystem import FileSystem
+    original = FileSystem.create_stream
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        if marker in str(path) and 'w' in mode:
+            open(path, 'wb').close()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        with original(self, path, mode) as stream:
+            yield stream
+
+    FileSystem.create_stream = create_stream
+    try:
+        yield
+    finally:
+        FileSystem.create_stream = original
+
+
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_rerun_resumes(tiny_config, tmp_path, capsys):
+    tiny_config.update(max_duration='8ba', loggers={})
+    tiny_config['checkpoint']['save_interval'] = '2ba'
+    path = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    folder = tmp_path / 'checkpoints' / 'tiny'
+    with disk_full_for('ep0-ba6'):
+        assert main([path, 'max_duration=4ba']) == 0
+        before = {name: file_sha256(folder / 'ep0-ba4' / name) for name in os.listdir(folder / 'ep0-ba4')}
+        capsys.readouterr()
+        assert main([path]) == 1
+    stderr = capsys.readouterr().err  # Composer's console log is there too
+    assert [line for line in stderr.splitlines() if line.startswith('error')] == [
+        f'error: no space left on the device while writing checkpoint {folder}/ep0-ba6: free space, then run the same '
+        f'command; it resumes from the newest complete checkpoint']
+    assert 'Traceback' not in stderr
+    assert {name: file_sha256(folder / 'ep0-ba4' / name) for name in os.listdir(folder / 'ep0-ba4')} == before
+    assert main([path]) == 0
+    out = capsys.readouterr().out
+    assert ('autoresume: skipped checkpoint ep0-ba6 (no .metadata: its write was interrupted); moved it to '
+            'ep0-ba6.broken, resuming from ep0-ba4') in out
+    assert 'autoresume: resuming from the latest checkpoint at batch 4' in out
+    assert os.readlink(folder / LATEST) == 'ep0-ba8'
