@@ -108,25 +108,30 @@ def checkpoints_newest_first(folder: str) -> list[str]:
 
 def prepare_autoresume(folder: str) -> list[str]:
     """Point ``folder/latest-rank0.pt`` at the newest complete checkpoint, moving newer broken ones aside; returns
-    one line per checkpoint moved. Raises TrainingStopped if checkpoints exist and none is complete (starting
-    from scratch then would silently throw the run away)."""
+    one line per checkpoint moved. Raises TrainingStopped if none is complete but one was once (sealed, or its
+    metadata written) and has since been damaged: starting from scratch would silently throw the run away."""
     if not os.path.isdir(folder):
         return []
     names = checkpoints_newest_first(folder)
     problems = {name: problem(os.path.join(folder, name)) for name in names}
     target = next((name for name in names if problems[name] is None), None)
-    if target is None and names:
+    if target is None and any(was_complete(os.path.join(folder, name)) for name in names):
         listed = '; '.join(f'{name}: {reason}' for name, reason in problems.items())
         raise TrainingStopped(f'autoresume: no complete checkpoint in {folder} ({listed}); move them out of the folder '
                               f'to start from scratch, or set checkpoint.load_path')
     lines = []
-    for name in names[:names.index(target)] if target else []:
+    for name in names[:names.index(target)] if target else names:
         moved = move_aside(os.path.join(folder, name))
-        lines.append(f'autoresume: skipped checkpoint {name} ({problems[name]}); moved it to {moved}, resuming from '
-                     f'{target}')
+        lines.append(f'autoresume: skipped checkpoint {name} ({problems[name]}); moved it to {moved}, '
+                     + (f'resuming from {target}' if target else 'starting from scratch (no checkpoint was complete)'))
     if target:
         point_latest_at(folder, target)
     return lines
+
+
+def was_complete(checkpoint: str) -> bool:
+    """Sealed, or (sharded) its metadata written: every rank finished writing it once."""
+    return os.path.isfile(seal_path(checkpoint)) or os.path.isfile(os.path.join(checkpoint, METADATA))
 
 
 def move_aside(path: str) -> str:

@@ -98,17 +98,30 @@ def test_a_missing_latest_link_points_at_the_newest_checkpoint(two_rank_run, tmp
     assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10'
 
 
-def test_with_no_complete_checkpoint_the_run_stops_and_moves_nothing(two_rank_run, tmp_path):
+def test_with_no_complete_checkpoint_left_the_run_stops_and_moves_nothing(two_rank_run, tmp_path):
     folder = copy_of(two_rank_run, tmp_path)
-    for name in ('ep0-ba5', 'ep0-ba10'):
-        os.remove(f'{folder}/{name}/.metadata')
+    flip_a_byte(f'{folder}/ep0-ba10/.metadata')
+    os.remove(f'{folder}/ep0-ba5/__0_0.distcp')
     with pytest.raises(TrainingStopped) as stopped:
         prepare_autoresume(folder)
     assert str(stopped.value) == (
-        f'autoresume: no complete checkpoint in {folder} (ep0-ba10: no .metadata: its write was interrupted; ep0-ba5: '
-        f'no .metadata: its write was interrupted); move them out of the folder to start from scratch, or set '
+        f'autoresume: no complete checkpoint in {folder} (ep0-ba10: .metadata differs from what was written (sha256); '
+        f'ep0-ba5: __0_0.distcp is missing); move them out of the folder to start from scratch, or set '
         f'checkpoint.load_path')
     assert sorted(name for name in os.listdir(folder) if name != 'config.yaml') == ['ep0-ba10', 'ep0-ba5', LATEST]
+
+
+def test_an_interrupted_first_checkpoint_is_moved_aside_and_the_run_starts_over(two_rank_run, tmp_path):
+    """It was never complete: nothing is lost by starting from scratch."""
+    folder = copy_of(two_rank_run, tmp_path)
+    shutil.rmtree(f'{folder}/ep0-ba10')
+    os.remove(f'{folder}/{LATEST}')
+    os.remove(f'{folder}/ep0-ba5/.metadata')
+    os.remove(f'{folder}/ep0-ba5/{SEAL}')
+    assert prepare_autoresume(folder) == ['autoresume: skipped checkpoint ep0-ba5 (no .metadata: its write was '
+                                          'interrupted); moved it to ep0-ba5.broken, starting from scratch (no '
+                                          'checkpoint was complete)']
+    assert not os.path.lexists(f'{folder}/{LATEST}')
 
 
 def test_a_resumed_two_process_run_continues_from_the_fallback(two_rank_run, tmp_path):
