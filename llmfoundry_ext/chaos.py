@@ -1,0 +1,194 @@
+"""Chaos trials for autoresume: a 2-process FSDP2 run with sharded checkpoints is killed with ``kill -9`` at a random
+moment (every other trial inside a checkpoint write), re-run with the same command until it finishes, and every
+rank's ledger (per batch: loss and sample ids) compared with an uninterrupted run's.
+
+To land inside a write, the runs' processes get a ``sitecustomize`` (on their PYTHONPATH only) that sleeps after each
+item torch.distributed.checkpoint writes: a checkpoint then takes about a second to write, and a kill while its
+folder has no ``.metadata`` yet is a kill inside the write.
+"""
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+
+BATCHES, SAVE_EVERY, RANKS = 24, 3, 2
+SLOW_WRITES = '''
+import os, time
+import torch.distributed.checkpoint.filesystem as filesystem
+_write_item, _delay = filesystem._write_item, float(os.environ.get('CHAOS_WRITE_DELAY', '0'))
+def _slow_write_item(*args, **kwargs):
+    result = _write_item(*args, **kwargs)
+    time.sleep(_delay)
+    return result
+filesystem._write_item = _slow_write_item
+'''
+
+
+@dataclass
+class Trial:
+    number: int
+    aimed_inside_write: bool
+    killed_after_batch: int  # the last batch rank 0 had recorded
+    killed_inside_write: str  # the checkpoint being written at the kill, or ''
+    resumed_from_batch: int
+    skipped: str  # the broken checkpoint the re-run moved aside, or ''
+    identical: bool  # every rank's losses and sample ids of every batch equal the uninterrupted run's
+
+
+def run_yaml(folder: str, streams: dict[str, str]) -> str:
+    """A tiny Llama, FSDP2 over 2 ranks, sharded checkpoints every SAVE_EVERY batches, the sample ledger on."""
+    import yaml
+    config = {
+        'run_name': 'chaos', 'max_seq_len': 32, 'global_batch_size': 8, 'max_duration': f'{BATCHES}ba',
+        'precision': 'fp32', 'progress_bar': False, 'log_interval': '100ba', 'loggers': {},
+        'model': {'preset': 'debug', 'dim': 64, 'n_layers': 2, 'n_heads': 4, 'n_kv_heads': 2, 'ffn_dim': 128,
+                  'vocab_size': 512, 'max_seq_len': 64},
+        'data': {'train': {'streams': {name: {'local': path, 'proportion': 0.5} for name, path in streams.items()},
+                           'shuffle_seed': 3}},
+        'parallelism': {'fsdp': {'state_dict_type': 'sharded'}},
+        'checkpoint': {'save_folder': os.path.join(folder, '{run_name}', 'checkpoints'),
+                       'save_interval': f'{SAVE_EVERY}ba'},
+        'callbacks': {'sample_ledger': {'folder': os.path.join(folder, '{run_name}', 'ledger')}},
+    }
+    path = os.path.join(folder, 'chaos.yaml')
+    with open(path, 'w') as file:
+        yaml.safe_dump(config, file)
+    return path
+
+
+def write_streams(folder: str) -> dict[str, str]:
+    import numpy as np
+
+    from data_prep.packing import write_mds
+    streams = {}
+    for seed, name in enumerate(('a', 'b')):
+        rng = np.random.default_rng(seed)
+        streams[name] = os.path.join(folder, 'data', name)
+        write_mds(streams[name], [rng.integers(2, 512, 32, dtype=np.uint32) for _ in range(400)],
+                  {'source': f'chaos:{name}', 'window': 32})
+    return streams
+
+
+class Runner:
+    """Launches ``composer -n 2 train.py <yaml> run_name=<name>`` in its own process group, logs appended."""
+
+    def __init__(self, folder: str, yaml_path: str, write_delay: float):
+        self.folder, self.yaml_path = folder, yaml_path
+        hooks = os.path.join(folder, 'hooks')
+        os.makedirs(hooks, exist_ok=True)
+        with open(os.path.join(hooks, 'sitecustomize.py'), 'w') as file:
+            file.write(SLOW_WRITES)
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.repo = repo
+        self.env = {**os.environ, 'OMP_NUM_THREADS': '1', 'CHAOS_WRITE_DELAY': str(write_delay),
+                    'PYTHONPATH': os.pathsep.join([hooks, repo, os.environ.get('PYTHONPATH', '')])}
+        launcher = os.path.join(os.path.dirname(sys.executable), 'composer')
+        self.composer = launcher if os.path.exists(launcher) else 'composer'
+
+    def start(self, name: str) -> subprocess.Popen:
+        log = open(os.path.join(self.folder, f'{name}.log'), 'a')
+        return subprocess.Popen([self.composer, '-n', str(RANKS), 'train.py', self.yaml_path, f'run_name={name}'],
+                                cwd=self.repo, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    def finish(self, name: str, attempts: int = 3) -> None:
+        for _ in range(attempts):
+            if self.start(name).wait(timeout=900) == 0:
+                return
+        raise RuntimeError(f'{name} did not finish in {attempts} runs; see {self.folder}/{name}.log')
+
+    def log(self, name: str) -> str:
+        with open(os.path.join(self.folder, f'{name}.log')) as file:
+            return file.read()
+
+    def ledgers(self, name: str) -> list[dict[int, dict]]:
+        return [read_ledger(os.path.join(self.folder, name, 'ledger', f'ledger-rank{rank}.jsonl'))
+                for rank in range(RANKS)]
+
+    def checkpoints(self, name: str) -> str:
+        return os.path.join(self.folder, name, 'checkpoints')
+
+
+def writing(checkpoints: str) -> str:
+    """The checkpoint folder being written now (it has no .metadata yet), or ''."""
+    if not os.path.isdir(checkpoints):
+        return ''
+    return next((name for name in os.listdir(checkpoints) if re.fullmatch(r'ep\d+-ba\d+', name)
+                 and not os.path.exists(os.path.join(checkpoints, name, '.metadata'))), '')
+
+
+def kill(runner: Runner, name: str, inside_write: bool, rng: random.Random) -> tuple[int, str]:
+    """Start the run and kill -9 its process group: inside the write of a random checkpoint, or at a random batch.
+    Returns the last batch rank 0 recorded and the checkpoint being written at the kill ('' if none)."""
+    ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
+    target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
+    process = runner.start(name)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and process.poll() is None:
+        in_progress = writing(runner.checkpoints(name))
+        recorded = max(read_ledger(ledger), default=0) if os.path.exists(ledger) else 0
+        if (in_progress == f'ep0-ba{target}') if inside_write else recorded >= target:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return max(read_ledger(ledger), default=0), in_progress
+        time.sleep(0.01)
+    raise RuntimeError(f'{name}: the run ended or stalled before its kill point; see {runner.folder}/{name}.log')
+
+
+def identical(actual: list[dict[int, dict]], expected: list[dict[int, dict]]) -> bool:
+    """Every rank recorded every batch once resumed, with the uninterrupted run's loss and sample ids, bit for bit."""
+    batches = list(range(1, BATCHES + 1))
+    for rank, reference in zip(actual, expected):
+        if sorted(rank) != batches:
+            return False
+        for key in ('loss', 'sample_ids'):
+            if [rank[b][key] for b in batches] != [reference[b][key] for b in batches]:
+                return False
+    return True
+
+
+def trial(runner: Runner, number: int, expected, rng: random.Random) -> Trial:
+    name = f'trial{number:02d}'
+    aimed_inside = number % 2 == 0
+    killed_after, inside = kill(runner, name, aimed_inside, rng)
+    runner.finish(name)
+    log = runner.log(name)
+    resumed = re.findall(r'autoresume: resuming from the latest checkpoint at batch (\d+)', log)
+    skipped = re.findall(r'autoresume: skipped checkpoint (\S+) ', log)
+    return Trial(number, aimed_inside, killed_after, inside, int(resumed[0]) if resumed else 0,
+                 skipped[0] if skipped else '', identical(runner.ledgers(name), expected))
+
+
+def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -> list[Trial]:
+    """The uninterrupted run, then ``trials`` killed and resumed ones, each reported as it ends."""
+    runner = Runner(folder, run_yaml(folder, write_streams(folder)), write_delay)
+    runner.finish('uninterrupted', attempts=1)
+    expected = runner.ledgers('uninterrupted')
+    rng = random.Random(seed)
+    results = []
+    for number in range(1, trials + 1):
+        results.append(trial(runner, number, expected, rng))
+        report(format_row(results[-1]))
+    return results
+
+
+HEADER = f"{'trial':>5} {'aimed at':>14} {'killed after':>12} {'inside write of':>15} {'resumed from':>12} " \
+         f"{'moved aside':>12} {'identical':>9}"
+
+
+def format_row(t: Trial) -> str:
+    aimed = 'a write' if t.aimed_inside_write else 'a batch'
+    return (f"{t.number:>5} {aimed:>14} {f'batch {t.killed_after_batch}':>12} {t.killed_inside_write or '-':>15} "
+            f"{f'batch {t.resumed_from_batch}':>12} {t.skipped or '-':>12} {'yes' if t.identical else 'NO':>9}")
+
+
+def write_json(results: list[Trial], path: str) -> None:
+    with open(path, 'w') as file:
+        json.dump([asdict(t) for t in results], file, indent=2)
