@@ -19,7 +19,7 @@ from data_prep.packing import tokenize_documents
 from data_prep.sources import Counts, SourceError
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.config import tokenizer_file
-from llmfoundry_ext.data.manifest import MANIFEST, file_sha256
+from llmfoundry_ext.data.manifest import MANIFEST, file_sha256, read_tokenizer
 
 SPLITS = ('train', 'val')
 
@@ -66,12 +66,10 @@ def convert_part(job: Job, index: int, file: str, eos_token: str, bos_token: str
     from contextlib import ExitStack
 
     from streaming import MDSWriter
-    from tokenizers import Tokenizer
-
     from data_prep.packing import TOKENS_COLUMN, Packer
     from llmfoundry_ext.atomic import atomic_folder
 
-    tokenizer = Tokenizer.from_file(job.tokenizer_file)
+    tokenizer = read_tokenizer(job.tokenizer_file)
     eos, bos = special_ids(tokenizer, eos_token, bos_token)
     counts = Counts()
     record = {'file': file, 'documents': {s: 0 for s in SPLITS}, 'windows': {s: 0 for s in SPLITS},
@@ -143,8 +141,11 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     Each worker process tokenizes with ``threads`` threads (default: the cores divided among the processes)."""
     from tqdm import tqdm
 
-    from tokenizers import Tokenizer
-    special_ids(Tokenizer.from_file(job.tokenizer_file), eos_token, bos_token)  # fail before any work
+    try:
+        tokenizer = read_tokenizer(job.tokenizer_file)
+    except ValueError as error:
+        raise SourceError(f'--tokenizer: {error}') from None
+    special_ids(tokenizer, eos_token, bos_token)  # fail before any work
     job.source.check()
     sha = file_sha256(job.tokenizer_file)
     files = job.source.files()

@@ -121,6 +121,18 @@ class BlobStore:
         self.client = boto3.client('s3', endpoint_url=endpoint_url)
         self.bucket, self.prefix = bucket, prefix
 
+    def check(self) -> None:
+        """Fail before any work if the endpoint cannot be reached or no credentials are set (a missing bucket
+        or a refused listing still reaches it)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            return
+        except BotoCoreError as error:
+            raise SourceError(f's3://{self.bucket} at {self.client.meta.endpoint_url}: {error}; check --s3-endpoint, '
+                              f'the network and the AWS credentials in the environment') from None
+
     def text(self, blob_id: str, encoding: str) -> str | None:
         """The decoded file, or None when the blob does not exist."""
         from botocore.exceptions import ClientError
@@ -185,6 +197,7 @@ class StackV2Source:
     def check(self) -> None:
         for path in self.paths:
             check_columns(path, ['repo_name', 'files'])
+        BlobStore(self.bucket, endpoint_url=self.endpoint_url).check()
 
     def documents(self, file: str, counts: Counts) -> Iterator[Document]:
         return stack_v2_source([file], BlobStore(self.bucket, endpoint_url=self.endpoint_url), counts)

@@ -72,20 +72,32 @@ def llama_config_from_hf(hf: dict) -> LlamaConfig:
         max_seq_len=hf.get('max_position_embeddings', 8192), tie_embeddings=hf.get('tie_word_embeddings', False))
 
 
-def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's ``*.safetensors`` files (sharded or not); .bin/.pt files are refused."""
+def safetensors_files(folder: str) -> list[str]:
+    """The folder's ``*.safetensors`` files; a folder with none (only .bin/.pt) is refused."""
     files = sorted(f for f in os.listdir(folder) if f.endswith('.safetensors'))
     if not files:
         raise CheckpointError(f'{folder}: no .safetensors files; only safetensors are loaded (pickled .bin/.pt '
                               f'weights from elsewhere are never unpickled): save the model with safetensors')
+    return files
+
+
+def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's ``*.safetensors`` files (sharded or not); .bin/.pt files are refused."""
     tensors = {}
-    for name in files:
-        tensors.update(load_file(os.path.join(folder, name)))
+    for name in safetensors_files(folder):
+        try:
+            tensors.update(load_file(os.path.join(folder, name)))
+        except Exception as error:  # safetensors raises its own SafetensorError, or OSError
+            raise CheckpointError(f'{os.path.join(folder, name)}: not a readable safetensors file ({error}); '
+                                  f'download or export it again') from None
     return tensors
 
 
 def load_hf(folder: str) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """An HF Llama folder -> (our config, tensors in our names)."""
+    if not os.path.isfile(os.path.join(folder, HF_CONFIG)):
+        raise CheckpointError(f'{folder}: no {HF_CONFIG}; give the folder of an HF Llama model (config.json and '
+                              f'*.safetensors)')
     with open(os.path.join(folder, HF_CONFIG)) as file:
         config = llama_config_from_hf(json.load(file))
     return config, {from_hf_name(k): v for k, v in read_safetensors(folder).items()}
@@ -211,15 +223,22 @@ def read_sharded(folder: str) -> dict[str, torch.Tensor]:
 
 
 def latest_checkpoint(run_folder: str) -> str:
-    """A run folder -> the checkpoint its ``latest-rank0.pt`` link names; a checkpoint path stays itself."""
-    link = os.path.join(run_folder, 'latest-rank0.pt')
-    if os.path.isdir(run_folder) and os.path.lexists(link):
-        return os.path.realpath(link)
-    if os.path.exists(run_folder) and not os.path.isdir(run_folder) or os.path.isfile(
-            os.path.join(run_folder, '.metadata')):
-        return run_folder
-    raise CheckpointError(f'{run_folder}: no latest-rank0.pt link and not a checkpoint; give the save folder of a run '
-                          f'or one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')
+    """A run folder -> the checkpoint its ``latest-rank0.pt`` link names; a checkpoint path stays itself. Either must
+    be complete and intact (``resumption.problem``)."""
+    from llmfoundry_ext.resumption import LATEST, METADATA, problem
+    link = os.path.join(run_folder, LATEST)
+    if os.path.lexists(link):
+        checkpoint = os.path.realpath(link)
+    elif os.path.isfile(run_folder) or os.path.isfile(os.path.join(run_folder, METADATA)):
+        checkpoint = run_folder
+    else:
+        raise CheckpointError(f'{run_folder}: no latest-rank0.pt link and not a checkpoint; give the save folder of a '
+                              f'run or one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')
+    reason = problem(checkpoint) if os.path.exists(checkpoint) else 'it does not exist'
+    if reason:
+        raise CheckpointError(f'{checkpoint}: {reason}; export another checkpoint of the run (ep0-ba100/ or '
+                              f'ep0-ba100-rank0.pt)')
+    return checkpoint
 
 
 def run_config_file(checkpoint: str) -> str:

@@ -5,6 +5,7 @@ key (``data.train.streams.code.local``) and, for unknown keys, the nearest valid
 """
 import dataclasses
 import difflib
+import json
 import os
 import types
 import typing
@@ -14,7 +15,8 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmfoundry_ext.data.manifest import file_sha256, read_manifest
+from llmfoundry_ext.cli import unwritable_reason
+from llmfoundry_ext.data.manifest import file_sha256, read_manifest, read_tokenizer
 from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, preset_fields
 
 
@@ -155,6 +157,11 @@ def world_size() -> int:
     return int(os.environ.get('WORLD_SIZE', '1'))
 
 
+def global_rank() -> int:
+    """This process's rank from the launcher's environment, before any process group."""
+    return int(os.environ.get('RANK', '0'))
+
+
 def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
     """YAML file + ``key=value`` overrides -> a validated TrainConfig (``variables:`` resolved, then dropped)."""
     if not os.path.isfile(yaml_path):
@@ -274,10 +281,11 @@ def validate(config: TrainConfig) -> None:
                           'or checkpoint.autoresume=false')
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
+    check_checkpoint_paths(config)
     for split in ('train', 'eval'):
         loader = getattr(config.data, split)
         if loader is not None:
-            check_loader(loader, f'data.{split}')
+            check_loader(loader, f'data.{split}', config.max_seq_len)
             check_tokenizer(config.data.tokenizer, loader, f'data.{split}', config.model.vocab_size)
     registry.check_all(config)
 
@@ -388,8 +396,7 @@ def token_id(config: TrainConfig, token: str, given: Optional[int], key: str) ->
     if given is None:
         if config.data.tokenizer is None:
             raise ConfigError(f'{key}: not set and no data.tokenizer to look up {token!r} in; set one of them')
-        from tokenizers import Tokenizer
-        given = Tokenizer.from_file(tokenizer_file(config.data.tokenizer)).token_to_id(token)
+        given = tokenizer(config.data.tokenizer).token_to_id(token)
         if given is None:
             raise ConfigError(f'{key}: data.tokenizer has no token {token!r}; set {key} to the id to use')
     if not 0 <= given < config.model.vocab_size:
@@ -413,9 +420,10 @@ def check_init_from(model: ModelConfig) -> None:
     if model.init_device == 'meta':
         raise ConfigError('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 reads '
                           'the weights on the CPU and they are broadcast)')
-    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config
+    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config, safetensors_files
     try:
         source = read_weights_config(model.init_from)
+        safetensors_files(model.init_from)
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
     new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
@@ -439,7 +447,7 @@ def check_duration(config: TrainConfig, key: str) -> None:
         raise ConfigError(f"{key}: '{value}' is not a duration; write e.g. 1000ba, 2ep, 1000000tok or 5000sp") from None
 
 
-def check_loader(loader: LoaderConfig, path: str) -> None:
+def check_loader(loader: LoaderConfig, path: str, max_seq_len: int) -> None:
     if not loader.streams:
         raise ConfigError(f'{path}.streams: needs at least one stream')
     with_proportion = [s.proportion is not None for s in loader.streams.values()]
@@ -449,9 +457,55 @@ def check_loader(loader: LoaderConfig, path: str) -> None:
         stream_path = f'{path}.streams.{name}'
         if stream.proportion is not None and stream.proportion <= 0:
             raise ConfigError(f'{stream_path}.proportion: must be positive, got {stream.proportion}')
-        if stream.remote is None and not os.path.isfile(os.path.join(stream.local, 'index.json')):
-            raise ConfigError(f'{stream_path}.local: no MDS dataset at {stream.local} (index.json missing) and no '
-                              f'remote set; run data_prep/convert_to_mds.py or fix the path')
+        if stream.remote is None:
+            check_local_stream(stream.local, f'{stream_path}.local', max_seq_len)
+
+
+def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
+    """An MDS index that reads, windows at least ``max_seq_len`` long, and (on rank 0, which alone reads every
+    shard's size) each shard file there with the size its index gives."""
+    index_file = os.path.join(folder, 'index.json')
+    if not os.path.isfile(index_file):
+        raise ConfigError(f'{key}: no MDS dataset at {folder} (index.json missing) and no remote set; run '
+                          f'data_prep/convert_to_mds.py or fix the path')
+    try:
+        with open(index_file) as file:
+            shards = json.load(file)['shards']
+        manifest = read_manifest(folder) or {}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f'{key}: {index_file} or its manifest is unreadable ({first_line(error)}); re-convert '
+                          f'the stream with data_prep/convert_to_mds.py') from None
+    window = manifest.get('window')
+    if window is not None and window < max_seq_len:
+        raise ConfigError(f'{key}: its windows have {window} tokens, fewer than max_seq_len {max_seq_len}; set '
+                          f'max_seq_len={window} or re-convert with --concat-tokens {max_seq_len}')
+    problem = shard_problem(folder, shards) if global_rank() == 0 else None
+    if problem:
+        raise ConfigError(f'{key}: {problem}; re-convert the stream with data_prep/convert_to_mds.py')
+
+
+def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
+    """A shard file that is missing or not the size its index gives (compressed, or already decompressed)."""
+    for shard in shards:
+        forms = [shard[kind] for kind in ('zip_data', 'raw_data') if shard.get(kind)]
+        present = [form for form in forms if os.path.isfile(os.path.join(folder, form['basename']))]
+        if not present:
+            return f"shard {forms[0]['basename']} is missing"
+        form = present[0]
+        size = os.path.getsize(os.path.join(folder, form['basename']))
+        if size != form['bytes']:
+            return f"shard {form['basename']} has {size:,} bytes where its index says {form['bytes']:,}"
+    return None
+
+
+def check_checkpoint_paths(config: TrainConfig) -> None:
+    """A save folder that can be written, and a load_path (a local one) that exists."""
+    folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
+    if folder and unwritable_reason(folder):
+        raise ConfigError(f'checkpoint.save_folder: {unwritable_reason(folder)}; choose a folder you can write')
+    if load_path and '://' not in load_path and not os.path.exists(load_path):
+        raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
+                          f'ep0-ba100-rank0.pt) or remove load_path')
 
 
 def tokenizer_file(tokenizer: str) -> str:
@@ -459,16 +513,24 @@ def tokenizer_file(tokenizer: str) -> str:
     return os.path.join(tokenizer, 'tokenizer.json') if os.path.isdir(tokenizer) else tokenizer
 
 
-def check_tokenizer(tokenizer: Optional[str], loader: LoaderConfig, path: str, vocab_size: int) -> None:
-    """The tokenizer fits the model's vocabulary and is the one each local stream was tokenized with."""
-    if tokenizer is None:
-        return
-    file = tokenizer_file(tokenizer)
+def tokenizer(path: str):
+    """data.tokenizer (a folder or a tokenizer.json) read; a ConfigError if it is missing or not one."""
+    file = tokenizer_file(path)
     if not os.path.isfile(file):
-        raise ConfigError(f'data.tokenizer: no tokenizer.json at {tokenizer}; give the folder the shards were '
+        raise ConfigError(f'data.tokenizer: no tokenizer.json at {path}; give the folder the shards were '
                           f'tokenized with')
-    from tokenizers import Tokenizer
-    size = Tokenizer.from_file(file).get_vocab_size()
+    try:
+        return read_tokenizer(file)
+    except ValueError as error:
+        raise ConfigError(f'data.tokenizer: {error}; give the folder the shards were tokenized with') from None
+
+
+def check_tokenizer(tokenizer_path: Optional[str], loader: LoaderConfig, path: str, vocab_size: int) -> None:
+    """The tokenizer fits the model's vocabulary and is the one each local stream was tokenized with."""
+    if tokenizer_path is None:
+        return
+    file = tokenizer_file(tokenizer_path)
+    size = tokenizer(tokenizer_path).get_vocab_size()
     if size > vocab_size:
         raise ConfigError(f'data.tokenizer: its vocabulary has {size:,} ids but model.vocab_size is '
                           f'{vocab_size:,}; set model.vocab_size >= {size}')
@@ -477,5 +539,5 @@ def check_tokenizer(tokenizer: Optional[str], loader: LoaderConfig, path: str, v
         used = (read_manifest(stream.local) or {}).get('tokenizer_sha256')
         if used is not None and used != digest:
             raise ConfigError(f'{path}.streams.{name}: its shards were tokenized with another tokenizer than '
-                              f'data.tokenizer {tokenizer} (sha256 {used[:12]} vs {digest[:12]}); point '
+                              f'data.tokenizer {tokenizer_path} (sha256 {used[:12]} vs {digest[:12]}); point '
                               f'data.tokenizer at the one named in {stream.local}/manifest.json or re-convert')

@@ -12,6 +12,7 @@ import sys
 import torch
 
 from llmfoundry_ext.checkpoint import MAX_SHARD_SIZE, CheckpointError, export_to_hf, import_from_hf
+from llmfoundry_ext.cli import ArgumentParser, unwritable_reason
 
 
 def shard_size(text: str) -> str:
@@ -22,7 +23,8 @@ def shard_size(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog='convert_checkpoint.py', description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest='command', required=True)
     to_hf = commands.add_parser('to-hf', help='Composer checkpoint -> HF safetensors folder')
     to_hf.add_argument('checkpoint', help="a run's save folder (its latest checkpoint) or one checkpoint")
@@ -37,6 +39,8 @@ def main(argv: list[str]) -> int:
                              help='largest safetensors file written, e.g. 5GB or 500MB (default %(default)s)')
     args = parser.parse_args(argv)
     try:
+        if unwritable_reason(args.out):
+            raise CheckpointError(f'{args.out}: {unwritable_reason(args.out)}; choose an output folder you can write')
         if args.command == 'to-hf':
             checkpoint = export_to_hf(args.checkpoint, args.out, getattr(torch, args.dtype), args.tokenizer,
                                       args.max_shard_size)

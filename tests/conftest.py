@@ -94,7 +94,8 @@ def write_frontier_data_root(root, window: int, vocab: int, windows) -> None:
     data = OmegaConf.to_container(raw, resolve=True)['data']
     streams = [*data['train']['streams'].values(), *data['eval']['streams'].values()]
     for seed, stream in enumerate(streams):
-        write_mds(stream['local'], random_windows(windows(seed), window, vocab, seed), {'source': 't', 'window': window})
+        write_mds(stream['local'], random_windows(windows(seed), window, vocab, seed),
+                  {'source': 't', 'window': window})
     os.makedirs(os.path.join(root, 'tokenizer', 'llama3'))
     tokenizer = train_bpe(['some text'] * 10, vocab_size=300)
     tokenizer.add_special_tokens(['<|end_of_text|>', '<|reserved_special_token_100|>'])

@@ -49,7 +49,8 @@ def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
 FAKE_TORCHTITAN = """
 import json, os, sys
 steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s} for s in range(1, int(os.environ['STEPS']) + 1)]
-json.dump({sys.argv[1]: {'rows': steps, 'flavor': os.environ['FLAVOR']}}, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
+summary = {sys.argv[1]: {'rows': steps, 'flavor': os.environ['FLAVOR']}}
+json.dump(summary, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
 """
 
 
@@ -82,7 +83,8 @@ def test_rows_run_on_two_processes_over_one_data_folder_and_write_json(tmp_path)
     run = subprocess.run(
         [sys.executable, 'scripts/benchmark.py', '--gpus', '2', '--warmup', '1', '--steps', '2',
          '--mean-document-tokens', '16', '--json', str(out), '--versus', 'masked:hf',
-         '--row', f'masked yamls/demo.yaml {small} data.document_masking=true', '--row', f'hf hf:yamls/demo.yaml {small}'],
+         '--row', f'masked yamls/demo.yaml {small} data.document_masking=true',
+         '--row', f'hf hf:yamls/demo.yaml {small}'],
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads(out.read_text())

@@ -72,10 +72,12 @@ def test_each_corruption_falls_back_to_the_newest_complete_checkpoint(two_rank_r
     damage(newest)
     size = os.path.getsize(f'{newest}/__1_0.distcp') if os.path.exists(f'{newest}/__1_0.distcp') else 0
     lines = prepare_autoresume(folder)
-    assert lines == [f'autoresume: skipped checkpoint ep0-ba10 ({reason.format(size=f"{size:,}", written=f"{written:,}")})'
-                     f'; moved it to ep0-ba10.broken, resuming from ep0-ba5']
+    reason = reason.format(size=f'{size:,}', written=f'{written:,}')
+    assert lines == [f'autoresume: skipped checkpoint ep0-ba10 ({reason}); moved it to ep0-ba10.broken, resuming from '
+                     f'ep0-ba5']
     assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba5'
-    assert sorted(name for name in os.listdir(folder) if name != 'config.yaml') == ['ep0-ba10.broken', 'ep0-ba5', LATEST]
+    assert sorted(name for name in os.listdir(folder) if name != 'config.yaml') == [
+        'ep0-ba10.broken', 'ep0-ba5', LATEST]
 
 
 def test_a_checkpoint_written_before_seals_is_checked_against_its_metadata(two_rank_run, tmp_path):

@@ -12,6 +12,7 @@ import subprocess
 import pytest
 import torch
 
+from llmfoundry_ext.resumption import SEAL
 from tests.conftest import COMPOSER, REPO, write_frontier_data_root
 
 pytestmark = pytest.mark.gpu
@@ -70,7 +71,7 @@ def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, data_root, t
         assert abs(losses[0] - math.log(LLAMA3_VOCAB)) < 1.0  # a fresh model predicts about uniformly: ln 128,256
         run_name = re.search(r'^run (\S+): Llama preset', run.stdout, re.MULTILINE).group(1)
         saved = sorted(os.listdir(checkpoints / run_name / f'ep0-ba{STEPS}'))
-        assert saved == ['.metadata'] + [f'__{rank}_0.distcp' for rank in range(gpus())]
+        assert saved == [SEAL, '.metadata'] + [f'__{rank}_0.distcp' for rank in range(gpus())]
         again = train(yaml_name, data_root, str(checkpoints))
         assert again.returncode == 0, again.stderr[-4000:]
         assert f'run {run_name} is already complete ({STEPS}ba)' in again.stdout

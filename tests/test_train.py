@@ -12,6 +12,7 @@ import torch
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.config import load
+from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import train
 from tests.conftest import COMPOSER, REPO, write_yaml
 
@@ -77,7 +78,7 @@ def test_kill_9_and_autoresume_matches_uninterrupted_run(tiny_config, tmp_path):
     resumed_at = resumed_batch(tmp_path / 'resumed.log')
     assert resumed_at % 5 == 0 and 5 <= resumed_at <= killed_at < BATCHES
     shards = sorted(os.listdir(tmp_path / 'checkpoints' / 'interrupted' / f'ep0-ba{BATCHES}'))
-    assert shards == ['.metadata', '__0_0.distcp', '__1_0.distcp']  # FSDP2 sharded checkpoint
+    assert shards == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']  # FSDP2 sharded checkpoint, sealed
     actual = ledgers(ledger_root / 'interrupted')
     for rank in (0, 1):
         assert sorted(actual[rank]) == list(range(1, BATCHES + 1))

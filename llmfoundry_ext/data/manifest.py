@@ -1,4 +1,4 @@
-"""The manifest.json beside each MDS folder: what was converted, with which tokenizer."""
+"""The manifest.json beside each MDS folder: what was converted, with which tokenizer; reading that tokenizer."""
 import hashlib
 import json
 import os
@@ -12,9 +12,22 @@ def file_sha256(path: str) -> str:
 
 
 def read_manifest(folder: str) -> dict | None:
-    """The folder's manifest, or None where there is none (e.g. shards made by another tool)."""
+    """The folder's manifest, or None where there is none (e.g. shards made by another tool); ValueError naming
+    the file if it is not JSON."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         return None
     with open(path) as file:
-        return json.load(file)
+        try:
+            return json.load(file)
+        except json.JSONDecodeError as error:
+            raise ValueError(f'{path}: not JSON ({error})') from None
+
+
+def read_tokenizer(file: str):
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json; ValueError naming the file if it is not one."""
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(file)
+    except Exception as error:  # the Rust side raises a bare Exception
+        raise ValueError(f'{file}: not a tokenizer.json the tokenizers library reads ({error})') from None

@@ -4,6 +4,8 @@ import os
 import shutil
 
 import pytest
+from omegaconf import OmegaConf
+
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.data.dataloader import build_dataset
 from tests.conftest import REPO, write_frontier_data_root
@@ -21,10 +23,12 @@ def frontier_data_root(tmp_path_factory) -> str:
                                                    ('mlm1b.yaml', 64)])
 def test_shipped_yamls_validate_for_their_cluster(frontier_data_root, monkeypatch, yaml_name, world_size):
     monkeypatch.setenv('WORLD_SIZE', str(world_size))
-    # liger's fused cross-entropy needs a GPU; tests/test_shipped_yamls_gpu.py trains these YAMLs as shipped there
-    config = load(os.path.join(REPO, 'yamls', yaml_name), [f'variables.data_root={frontier_data_root}',
-                                                           'model.fused_kernels=[]'])
-    assert config.tokens_per_step * int(config.max_duration.removesuffix('ba')) == pytest.approx(
+    # liger's fused cross-entropy needs a GPU (tests/test_shipped_yamls_gpu.py trains these YAMLs as shipped there);
+    # the data here hold 16-token windows, so the shipped sequence length is read from the file
+    yaml_path = os.path.join(REPO, 'yamls', yaml_name)
+    config = load(yaml_path, [f'variables.data_root={frontier_data_root}', 'model.fused_kernels=[]', 'max_seq_len=16'])
+    tokens_per_step = config.global_batch_size * OmegaConf.load(yaml_path).max_seq_len
+    assert tokens_per_step * int(config.max_duration.removesuffix('ba')) == pytest.approx(
         {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'llama70b.yaml': 1.5e12, 'mlm1b.yaml': 100e9}[yaml_name],
         rel=1e-4)
     assert sum(s.proportion for s in config.data.train.streams.values()) == pytest.approx(1.0)
@@ -38,13 +42,13 @@ def test_without_val_splits_the_eval_section_is_named_and_can_be_dropped(frontie
     shutil.copytree(frontier_data_root, tmp_path / 'root')
     shutil.rmtree(tmp_path / 'root' / 'finemath-3plus' / 'val')
     yaml_path, root = os.path.join(REPO, 'yamls', 'llama1b.yaml'), f'variables.data_root={tmp_path / "root"}'
-    cpu = 'model.fused_kernels=[]'
+    cpu = 'model.fused_kernels=[]', 'max_seq_len=16'
     with pytest.raises(ConfigError) as caught:
-        load(yaml_path, [root, cpu])
+        load(yaml_path, [root, *cpu])
     assert str(caught.value) == (f'data.eval.streams.finemath.local: no MDS dataset at {tmp_path}/root/finemath-3plus/'
                                  f'val (index.json missing) and no remote set; run data_prep/convert_to_mds.py or fix '
                                  f'the path')
-    assert load(yaml_path, [root, cpu, 'data.eval=null']).data.eval is None
+    assert load(yaml_path, [root, *cpu, 'data.eval=null']).data.eval is None
 
 
 def test_each_stream_gets_its_proportion_over_20k_samples(frontier_data_root):

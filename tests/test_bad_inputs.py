@@ -1,0 +1,353 @@
+"""Bad inputs to the three commands (train.py, convert_to_mds.py, convert_checkpoint.py): each is exactly one line on
+stderr naming the problem and the fix, exit status 2, no traceback, and no output that existed before changed."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from data_prep.convert_to_mds import main as convert_main
+from data_prep.packing import write_mds
+from data_prep.train_tokenizer import train_bpe
+from llmfoundry_ext.config import load
+from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.train import main as train_main
+from llmfoundry_ext.train import train
+from scripts.convert_checkpoint import main as checkpoint_main
+from tests.conftest import write_yaml
+from tests.data_prep.test_sources import write_parquet
+
+COMMANDS = {'train': train_main, 'convert': convert_main, 'checkpoint': checkpoint_main}
+
+
+def tokenizer_folder(folder, words: int) -> str:
+    os.makedirs(folder)
+    tokenizer = train_bpe([' '.join(f'w{i}' for i in range(words))] * 20, vocab_size=300)
+    tokenizer.add_special_tokens(['<|end_of_text|>'])
+    tokenizer.save(os.path.join(folder, 'tokenizer.json'))
+    return str(folder)
+
+
+def stream(folder, window: int, tokenizer: str) -> str:
+    rng = np.random.default_rng(0)
+    write_mds(str(folder), [rng.integers(2, 256, window, dtype=np.uint32) for _ in range(64)],
+              {'source': 'test', 'window': window, 'tokenizer_sha256': file_sha256(f'{tokenizer}/tokenizer.json')})
+    return str(folder)
+
+
+@pytest.fixture(scope='module')
+def world(tmp_path_factory) -> dict:
+    """A tokenizer, streams, a run YAML with a finished run (a checkpoint), its HF export, converter inputs."""
+    root = tmp_path_factory.mktemp('world')
+    w = {'root': str(root), 'tokenizer': tokenizer_folder(root / 'tokenizer', 40)}
+    w['other_tokenizer'] = tokenizer_folder(root / 'other-tokenizer', 30)
+    w['stream'] = stream(root / 'data' / 'a', 32, w['tokenizer'])
+    config = {'run_name': 'run', 'max_seq_len': 32, 'global_batch_size': 4, 'max_duration': '2ba', 'precision': 'fp32',
+              'model': {'preset': 'debug', 'dim': 64, 'n_layers': 2, 'n_heads': 4, 'n_kv_heads': 2, 'ffn_dim': 128,
+                        'vocab_size': 512, 'max_seq_len': 64},
+              'data': {'tokenizer': w['tokenizer'], 'train': {'streams': {'a': {'local': w['stream']}}}},
+              'parallelism': {'fsdp': None}, 'loggers': {}, 'progress_bar': False,
+              'checkpoint': {'save_folder': str(root / 'run'), 'save_interval': '2ba'}}
+    w['config'], w['yaml'] = config, write_yaml(config, root / 'run.yaml')
+    train(load(w['yaml'])).close()
+    w['run'] = str(root / 'run')
+    assert checkpoint_main(['to-hf', w['run'], str(root / 'hf'), '--dtype', 'float32']) == 0
+    w['hf'] = str(root / 'hf')
+    with open(root / 'docs.jsonl', 'w') as file:
+        file.writelines(json.dumps({'text': f'w{i} w{i + 1} w{i + 2}', 'id': str(i)}) + '\n' for i in range(200))
+    w['docs'] = str(root / 'docs.jsonl')
+    assert convert_main(['--source', f"jsonl:{w['docs']}", '--tokenizer', w['tokenizer'], '--concat-tokens', '16',
+                         '--out', str(root / 'converted'), '--processes', '1']) == 0
+    w['converted'] = str(root / 'converted')
+    (root / 'a-file').write_text('not a folder')
+    w['file'] = str(root / 'a-file')
+    return w
+
+
+def variant(world, tmp_path, name: str, change) -> str:
+    """A copy of ``world[name]`` (a folder) with ``change(path)`` applied."""
+    path = shutil.copytree(world[name], tmp_path / name)
+    change(str(path))
+    return str(path)
+
+
+def truncate(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) // 2)
+
+
+def shard(folder: str) -> str:
+    with open(os.path.join(folder, 'index.json')) as file:
+        return os.path.join(folder, json.load(file)['shards'][0]['zip_data']['basename'])
+
+
+def remove_shard(folder: str) -> None:
+    """Both forms of the first shard: compressed, and decompressed (streaming leaves that beside it once read)."""
+    for path in (shard(folder), shard(folder).removesuffix('.zstd')):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def hf_with_bin_only(folder: str) -> None:
+    os.rename(os.path.join(folder, 'model.safetensors'), os.path.join(folder, 'pytorch_model.bin'))
+
+
+def hf_of_another_shape(folder: str) -> None:
+    config_file = os.path.join(folder, 'config.json')
+    config = json.load(open(config_file))
+    json.dump({**config, 'hidden_size': 128}, open(config_file, 'w'))
+
+
+def smol_ids(tmp_path) -> str:
+    """A folder with one Stack-v2 smol-ids parquet file (a repository and one blob to fetch)."""
+    os.makedirs(tmp_path / 'smol')
+    write_parquet(tmp_path / 'smol' / 'smol.parquet',
+                  {'repo_name': ['a/b'], 'files': [[{'blob_id': 'b1', 'src_encoding': 'UTF-8'}]]})
+    return str(tmp_path / 'smol')
+
+
+def parquet_without_text(tmp_path) -> str:
+    write_parquet(tmp_path / 'p.parquet', {'content': ['x']})
+    return str(tmp_path / 'p.parquet')
+
+
+def two_inputs(world, tmp_path) -> str:
+    """A folder with two jsonl files: the converted folder was made from one."""
+    os.makedirs(tmp_path / 'in')
+    for name in ('x1.jsonl', 'x2.jsonl'):
+        shutil.copy(world['docs'], tmp_path / 'in' / name)
+    return str(tmp_path / 'in')
+
+
+# (command, argv from (world, tmp_path), the one line expected on stderr with {placeholders} from world and
+# tmp_path, the output folder that must not change)
+CASES = {
+    'train: no such YAML': ('train', lambda w, t: [f"{w['root']}/nope.yaml"],
+                            'config error: {root}/nope.yaml: no such YAML file', 'run'),
+    'train: unknown key': ('train', lambda w, t: [w['yaml'], 'max_seq_lenn=32'],
+                           "config error: max_seq_lenn: unknown key; did you mean 'max_seq_len'?", 'run'),
+    'train: override without =': ('train', lambda w, t: [w['yaml'], 'max_seq_len'],
+                                  "config error: override 'max_seq_len': expected key=value, e.g. "
+                                  "global_batch_size=64", 'run'),
+    'train: wrong type': ('train', lambda w, t: [w['yaml'], 'global_batch_size=four'],
+                          "config error: global_batch_size: expected int, got str 'four'", 'run'),
+    'train: micro-batch': ('train', lambda w, t: [w['yaml'], 'device_microbatch_size=3'],
+                           'config error: device_microbatch_size: 3 does not divide the per-device batch 4 '
+                           '(global_batch_size 4 / 1 devices); pick a divisor of 4', 'run'),
+    'train: bad duration': ('train', lambda w, t: [w['yaml'], 'max_duration=ten'],
+                            "config error: max_duration: 'ten' is not a duration; write e.g. 1000ba, 2ep, 1000000tok "
+                            "or 5000sp", 'run'),
+    'train: missing MDS folder': ('train', lambda w, t: [w['yaml'], f"data.train.streams.a.local={w['root']}/none"],
+                                  'config error: data.train.streams.a.local: no MDS dataset at {root}/none (index.json '
+                                  'missing) and no remote set; run data_prep/convert_to_mds.py or fix the path', 'run'),
+    'train: truncated MDS shard': (
+        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
+            w, t, 'stream', lambda f: truncate(shard(f)))],
+        'config error: data.train.streams.a.local: shard shard.00000.mds.zstd has {truncated} bytes where its index '
+        'says {size}; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
+    'train: missing MDS shard': (
+        'train', lambda w, t: [w['yaml'], f"data.train.streams.a.local={variant(w, t, 'stream', remove_shard)}"],
+        'config error: data.train.streams.a.local: shard shard.00000.mds.zstd is missing; re-convert the stream with '
+        'data_prep/convert_to_mds.py', 'run'),
+    'train: MDS index not JSON': (
+        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
+            w, t, 'stream', lambda f: open(f'{f}/index.json', 'w').write('{"shards": ['))],
+        'config error: data.train.streams.a.local: {tmp}/stream/index.json or its manifest is unreadable (Expecting '
+        'value: line 1 column 13 (char 12)); re-convert the stream with data_prep/convert_to_mds.py', 'run'),
+    'train: shards of a shorter window': ('train', lambda w, t: [w['yaml'], 'max_seq_len=48'],
+                                          'config error: data.train.streams.a.local: its windows have 32 tokens, '
+                                          'fewer than max_seq_len 48; set max_seq_len=32 or re-convert with '
+                                          '--concat-tokens 48', 'run'),
+    'train: shards of another tokenizer': (
+        'train', lambda w, t: [w['yaml'], f"data.tokenizer={w['other_tokenizer']}"],
+        'config error: data.train.streams.a: its shards were tokenized with another tokenizer than data.tokenizer '
+        '{other_tokenizer} (sha256 {sha12} vs {other_sha12}); point data.tokenizer at the one named in '
+        '{stream}/manifest.json or re-convert', 'run'),
+    'train: tokenizer.json that is not one': (
+        'train', lambda w, t: [w['yaml'], 'data.tokenizer=' + variant(
+            w, t, 'tokenizer', lambda f: open(f'{f}/tokenizer.json', 'w').write('{"model": 1}'))],
+        'config error: data.tokenizer: {tmp}/tokenizer/tokenizer.json: not a tokenizer.json the tokenizers library '
+        'reads ({library_says}); give the folder the shards were tokenized with', 'run'),
+    'train: vocabulary larger than the model': ('train', lambda w, t: [w['yaml'], 'model.vocab_size=100'],
+                                                'config error: data.tokenizer: its vocabulary has {vocab} ids but '
+                                                'model.vocab_size is 100; set model.vocab_size >= {vocab}', 'run'),
+    'train: init_from a folder with only .bin': (
+        'train', lambda w, t: [w['yaml'], f"model.init_from={variant(w, t, 'hf', hf_with_bin_only)}"],
+        'config error: model.init_from: {tmp}/hf: no .safetensors files; only safetensors are loaded (pickled '
+        '.bin/.pt weights from elsewhere are never unpickled): save the model with safetensors', 'run'),
+    'train: init_from weights of another shape': (
+        'train', lambda w, t: [w['yaml'], f"model.init_from={variant(w, t, 'hf', hf_of_another_shape)}"],
+        'config error: model.dim: 64 but the weights in {tmp}/hf have 128; set model.dim=128', 'run'),
+    'train: save folder under a file': ('train', lambda w, t: [w['yaml'], f"checkpoint.save_folder={w['file']}/ckpt"],
+                                        'config error: checkpoint.save_folder: {file} is a file, not a folder; choose '
+                                        'a folder you can write', 'run'),
+    'train: load_path missing': ('train', lambda w, t: [w['yaml'], f"checkpoint.load_path={w['root']}/ep0-ba9"],
+                                 'config error: checkpoint.load_path: {root}/ep0-ba9 does not exist; give a checkpoint '
+                                 '(ep0-ba100/ or ep0-ba100-rank0.pt) or remove load_path', 'run'),
+    'train: misspelt callback': ('train', lambda w, t: [w['yaml'], 'callbacks.speed_monitr={}'],
+                                 "config error: callbacks.speed_monitr: unknown callbacks name 'speed_monitr'; did "
+                                 "you mean 'speed_monitor'?", 'run'),
+    'train: bf16 without a GPU': ('train', lambda w, t: [w['yaml'], 'precision=amp_bf16'],
+                                  'config error: precision: amp_bf16 needs a GPU and none is visible; use '
+                                  'precision=fp32 on CPU', 'run'),
+    'convert: unknown source': ('convert', lambda w, t: ['--source', 'redpajama:all', '--tokenizer', w['tokenizer'],
+                                                         '--concat-tokens', '16', '--out', w['converted']],
+                                "error: unknown source 'redpajama:all'; use one of zyda2:<component>, "
+                                "finemath:<config>, stack-v2, parquet:<glob>, jsonl:<glob>", 'converted'),
+    'convert: parquet without the text column': (
+        'convert', lambda w, t: ['--source', f'parquet:{parquet_without_text(t)}', '--tokenizer', w['tokenizer'],
+                                 '--concat-tokens', '16', '--out', f'{t}/out'],
+        "error: {tmp}/p.parquet: no column 'text' (it has content)", 'converted'),
+    'convert: no EOS in the tokenizer': (
+        'convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer', w['tokenizer'], '--concat-tokens',
+                                 '16', '--out', f'{t}/out', '--eos-token', '</s>'],
+        "error: the tokenizer has no EOS token '</s>': pass --eos-token with one it has (documents must be separated)",
+        'converted'),
+    'convert: --concat-tokens 0': ('convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer',
+                                                            w['tokenizer'], '--concat-tokens', '0', '--out',
+                                                            f'{t}/out'],
+                                   'error: argument --concat-tokens: must be at least 1, got 0 (see convert_to_mds.py '
+                                   '--help)', 'converted'),
+    'convert: --processes 0': ('convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer', w['tokenizer'],
+                                                        '--concat-tokens', '16', '--out', f'{t}/out', '--processes',
+                                                        '0'],
+                               'error: argument --processes: must be at least 1, got 0 (see convert_to_mds.py --help)',
+                               'converted'),
+    'convert: --val-fraction 1.5': ('convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer',
+                                                             w['tokenizer'], '--concat-tokens', '16', '--out',
+                                                             f'{t}/out', '--val-fraction', '1.5'],
+                                    'error: argument --val-fraction: must be in [0, 1), got 1.5 (see convert_to_mds.py '
+                                    '--help)', 'converted'),
+    'convert: missing --out': ('convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer',
+                                                        w['tokenizer'], '--concat-tokens', '16'],
+                               'error: the following arguments are required: --out (see convert_to_mds.py --help)',
+                               'converted'),
+    'convert: tokenizer.json that is not one': (
+        'convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--concat-tokens', '16', '--out', f'{t}/out',
+                                 '--tokenizer', variant(w, t, 'tokenizer',
+                                                        lambda f: open(f'{f}/tokenizer.json', 'w').write('[]'))],
+        'error: --tokenizer: {tmp}/tokenizer/tokenizer.json: not a tokenizer.json the tokenizers library reads '
+        '({library_says})', 'converted'),
+    'convert: --out under a file': ('convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer',
+                                                             w['tokenizer'], '--concat-tokens', '16', '--out',
+                                                             f"{w['file']}/out"],
+                                    'error: --out {file}/out: {file} is a file, not a folder; choose a folder you can '
+                                    'write', 'converted'),
+    'convert: folder of another tokenizer': (
+        'convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer', w['other_tokenizer'],
+                                 '--concat-tokens', '16', '--out', w['converted']],
+        'error: {converted}: was written with another tokenizer (sha256 {sha12}, now {other_sha12}); use a new '
+        '--out or the same tokenizer', 'converted'),
+    'convert: folder of other input files': (
+        'convert', lambda w, t: ['--source', f'jsonl:{two_inputs(w, t)}/*.jsonl', '--tokenizer', w['tokenizer'],
+                                 '--concat-tokens', '16', '--out', w['converted']],
+        'error: {converted}: was started on other input files (1 then, 2 now); use a new --out or the same input',
+        'converted'),
+    'convert: no input files': ('convert', lambda w, t: ['--source', f"jsonl:{w['root']}/*.none", '--tokenizer',
+                                                         w['tokenizer'], '--concat-tokens', '16', '--out', f'{t}/out'],
+                                'error: jsonl:{root}/*.none: no files match {root}/*.none', 'converted'),
+    'convert: unknown Zyda-2 component': ('convert', lambda w, t: ['--source', 'zyda2:fineweb', '--tokenizer',
+                                                                   w['tokenizer'], '--concat-tokens', '16', '--out',
+                                                                   f'{t}/out'],
+                                          "error: zyda2: unknown component 'fineweb'; one of dclm_crossdeduped, fwe3, "
+                                          "dolma-cc_crossdeduped-filtered, zyda_crossdeduped-filtered", 'converted'),
+    'convert: stack-v2 without --input': ('convert', lambda w, t: ['--source', 'stack-v2', '--tokenizer',
+                                                                   w['tokenizer'], '--concat-tokens', '16', '--out',
+                                                                   f'{t}/out'],
+                                          'error: stack-v2: give --input, the folder of the gated smol-ids parquet '
+                                          'files (huggingface-cli download bigcode/the-stack-v2-train-smol-ids '
+                                          '--repo-type dataset --local-dir <folder>)', 'converted'),
+    'convert: an S3 endpoint that refuses': (
+        'convert', lambda w, t: ['--source', 'stack-v2', '--input', smol_ids(t), '--s3-endpoint', 'http://127.0.0.1:9',
+                                 '--tokenizer', w['tokenizer'], '--concat-tokens', '16', '--out', f'{t}/out'],
+        'error: s3://softwareheritage at http://127.0.0.1:9: Could not connect to the endpoint URL: '
+        '"http://127.0.0.1:9/softwareheritage"; check --s3-endpoint, the network and the AWS credentials in the '
+        'environment', 'converted'),
+    'checkpoint: to-hf of a folder without checkpoints': (
+        'checkpoint', lambda w, t: ['to-hf', w['root'] + '/data', f'{t}/out'],
+        'error: {root}/data: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or one '
+        'checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)', 'hf'),
+    'checkpoint: to-hf of a truncated checkpoint': (
+        'checkpoint', lambda w, t: ['to-hf', variant(w, t, 'run', lambda f: truncate(f'{f}/ep0-ba2-rank0.pt')) +
+                                    '/ep0-ba2-rank0.pt', f'{t}/out'],
+        'error: {tmp}/run/ep0-ba2-rank0.pt: ep0-ba2-rank0.pt has {truncated_checkpoint} bytes where {checkpoint} '
+        'were written; export another checkpoint of the run (ep0-ba100/ or ep0-ba100-rank0.pt)', 'hf'),
+    'checkpoint: from-hf of a folder with only .bin': (
+        'checkpoint', lambda w, t: ['from-hf', variant(w, t, 'hf', hf_with_bin_only), f'{t}/out'],
+        'error: {tmp}/hf: no .safetensors files; only safetensors are loaded (pickled .bin/.pt weights from elsewhere '
+        'are never unpickled): save the model with safetensors', 'hf'),
+    'checkpoint: from-hf of a folder without config.json': (
+        'checkpoint', lambda w, t: ['from-hf', w['root'] + '/data', f'{t}/out'],
+        'error: {root}/data: no config.json; give the folder of an HF Llama model (config.json and *.safetensors)',
+        'hf'),
+    'checkpoint: from-hf of another architecture': (
+        'checkpoint', lambda w, t: ['from-hf', variant(w, t, 'hf', lambda f: json.dump(
+            {**json.load(open(f'{f}/config.json')), 'model_type': 'gpt2'}, open(f'{f}/config.json', 'w'))),
+            f'{t}/out'],
+        "error: config.json: model_type is 'gpt2', not 'llama'; only Llama checkpoints convert", 'hf'),
+    'checkpoint: from-hf of a truncated safetensors file': (
+        'checkpoint', lambda w, t: ['from-hf', variant(w, t, 'hf', lambda f: truncate(f'{f}/model.safetensors')),
+                                    f'{t}/out'],
+        'error: {tmp}/hf/model.safetensors: not a readable safetensors file (Error while deserializing header: '
+        'incomplete metadata, file not fully covered); download or export it again', 'hf'),
+    'checkpoint: bad --max-shard-size': (
+        'checkpoint', lambda w, t: ['from-hf', w['hf'], f'{t}/out', '--max-shard-size', '5G'],
+        "error: argument --max-shard-size: invalid shard_size value: '5G' (see convert_checkpoint.py from-hf --help)",
+        'hf'),
+    'checkpoint: to-hf into a folder under a file': (
+        'checkpoint', lambda w, t: ['to-hf', w['run'], f"{w['file']}/out"],
+        'error: {file}/out: {file} is a file, not a folder; choose an output folder you can write', 'hf'),
+    'checkpoint: unknown command': (
+        'checkpoint', lambda w, t: ['to-gguf', w['run'], f'{t}/out'],
+        "error: argument command: invalid choice: 'to-gguf' (choose from 'to-hf', 'from-hf') (see "
+        "convert_checkpoint.py --help)", 'hf'),
+}
+
+
+def tree_digest(folder: str) -> dict[str, str]:
+    return {os.path.relpath(os.path.join(root, name), folder): file_sha256(os.path.join(root, name))
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def placeholders(world, tmp_path) -> dict:
+    stream_shard, checkpoint = shard(world['stream']), f"{world['run']}/ep0-ba2-rank0.pt"
+    return {**world, 'library_says': library_says(f'{tmp_path}/tokenizer/tokenizer.json'),
+            'checkpoint': f'{os.path.getsize(checkpoint):,}',
+            'truncated_checkpoint': f'{os.path.getsize(checkpoint) // 2:,}', 'tmp': str(tmp_path),
+            'sha12': file_sha256(f"{world['tokenizer']}/tokenizer.json")[:12],
+            'other_sha12': file_sha256(f"{world['other_tokenizer']}/tokenizer.json")[:12],
+            'size': f'{os.path.getsize(stream_shard):,}', 'truncated': f'{os.path.getsize(stream_shard) // 2:,}',
+            'vocab': f"{len(json.load(open(world['tokenizer'] + '/tokenizer.json'))['model']['vocab']):,}"}
+
+
+def library_says(path: str) -> str | None:
+    """What the tokenizers library (its wording changes between versions) says of a broken tokenizer.json."""
+    from tokenizers import Tokenizer
+    try:
+        Tokenizer.from_file(path)
+    except Exception as error:
+        return str(error)
+    return None
+
+
+def test_there_are_thirty_cases_or_more_across_the_three_commands():
+    per_command = {command: sum(case[0] == command for case in CASES.values()) for command in COMMANDS}
+    assert len(CASES) >= 30 and min(per_command.values()) >= 9, per_command
+
+
+@pytest.mark.parametrize('name', CASES)
+def test_a_bad_input_is_one_line_and_exit_status_2(world, tmp_path, capsys, monkeypatch, name):
+    monkeypatch.setenv('AWS_ACCESS_KEY_ID', 'test')  # credentials are not the problem in the S3 case
+    monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', 'test')
+    command, argv, expected, output = CASES[name]
+    before = tree_digest(world[output])
+    arguments = argv(world, tmp_path)
+    capsys.readouterr()
+    try:
+        status = COMMANDS[command](arguments)
+    except SystemExit as exit:
+        status = exit.code
+    stderr = capsys.readouterr().err
+    assert stderr.splitlines() == [expected.format(**placeholders(world, tmp_path))]
+    assert status == 2
+    assert tree_digest(world[output]) == before
