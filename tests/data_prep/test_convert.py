@@ -109,28 +109,39 @@ def run_cli(tmp_path, out, tokenizer_file) -> subprocess.Popen:
     command = [sys.executable, 'data_prep/convert_to_mds.py', '--source', f'jsonl:{tmp_path}/in/*.jsonl',
                '--id-column', 'id', '--tokenizer', tokenizer_file, '--concat-tokens', '64', '--out', out,
                '--processes', '1', '--val-fraction', '0.1', '--eos-token', EOS, '--bos-token', BOS]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
 
-def test_kill_9_and_rerun_gives_the_uninterrupted_token_stream(tmp_path, tokenizer_file):
-    write_jsonl_parts(tmp_path / 'in', count=12, documents=3000)
+def finished_parts(out) -> int:
+    folder = os.path.join(out, 'train')
+    return sum(not name.endswith('.partial') for name in os.listdir(folder)) if os.path.isdir(folder) else 0
+
+
+def tree_digest(folder) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``folder``."""
+    return {os.path.relpath(os.path.join(root, name), folder): file_sha256(os.path.join(root, name))
+            for root, _, names in os.walk(folder) for name in names}
+
+
+@pytest.mark.timeout(900)
+def test_ten_kills_at_random_points_then_a_rerun_give_the_same_bytes(tmp_path, tokenizer_file):
+    """Each run is killed (kill -9 of its process group) at a random moment after one more part is finished: between
+    parts, or inside the writing of the next; the last run finishes. Every file equals the uninterrupted one's."""
+    write_jsonl_parts(tmp_path / 'in', count=12, documents=600)
     assert run_cli(tmp_path, str(tmp_path / 'whole'), tokenizer_file).wait(timeout=600) == 0
-
-    process = run_cli(tmp_path, str(tmp_path / 'resumed'), tokenizer_file)
-    third_part = tmp_path / 'resumed' / 'train' / 'part-00002'
-    while not third_part.exists():
-        assert process.poll() is None, 'finished before the kill'
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    finished = [p for p in os.listdir(tmp_path / 'resumed' / 'train') if not p.endswith('.partial')]
-    assert 3 <= len(finished) < 12 and not (tmp_path / 'resumed' / 'manifest.json').exists()
-
-    assert run_cli(tmp_path, str(tmp_path / 'resumed'), tokenizer_file).wait(timeout=600) == 0
-    for split in ('train', 'val'):
-        assert token_stream(str(tmp_path / 'resumed' / split)) == token_stream(str(tmp_path / 'whole' / split))
-    assert not any(p.endswith('.partial') for p in os.listdir(tmp_path / 'resumed' / 'train'))
+    out, rng = str(tmp_path / 'resumed'), np.random.default_rng(0)
+    for kill in range(10):
+        process = run_cli(tmp_path, out, tokenizer_file)
+        while finished_parts(out) < kill + 1:
+            assert process.poll() is None, f'run {kill + 1} finished before its kill'
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0, 0.3))
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        assert not os.path.exists(os.path.join(out, 'manifest.json'))
+    assert run_cli(tmp_path, out, tokenizer_file).wait(timeout=600) == 0
+    assert tree_digest(out) == tree_digest(tmp_path / 'whole')
 
 
 def test_bad_input_is_one_line(tmp_path, tokenizer_file):
