@@ -1,4 +1,4 @@
-"""Kill a 2-process FSDP2 run with kill -9 at random moments (every other trial inside a checkpoint write), re-run
+"""Kill a 2-process FSDP2 run with kill -9 at random moments (odd trials inside a checkpoint write), re-run
 it with the same command until it finishes, and check each rank's losses and sample ids against an uninterrupted run.
 
   python scripts/chaos.py --trials 20 [--seed 0] [--folder chaos_run] [--json chaos.json]
