@@ -38,9 +38,11 @@ def seal_path(checkpoint: str) -> str:
 
 def seal(checkpoint: str) -> None:
     """Record, once every rank has written, each file's size and the sharded metadata's sha256."""
-    files = sorted(os.listdir(checkpoint)) if os.path.isdir(checkpoint) else [checkpoint]
-    record = {'sizes': {os.path.basename(name): os.path.getsize(os.path.join(checkpoint, name)) for name in files
-                        if name != SEAL}}
+    if os.path.isdir(checkpoint):
+        folder, names = checkpoint, [name for name in sorted(os.listdir(checkpoint)) if name != SEAL]
+    else:
+        folder, names = os.path.dirname(checkpoint), [os.path.basename(checkpoint)]
+    record = {'sizes': {name: os.path.getsize(os.path.join(folder, name)) for name in names}}
     if os.path.isdir(checkpoint):
         record['metadata_sha256'] = file_sha256(os.path.join(checkpoint, METADATA))
     write_atomically(seal_path(checkpoint), json.dumps(record))

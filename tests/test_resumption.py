@@ -15,7 +15,7 @@ from composer.core import Callback
 from llmfoundry_ext.config import load
 from llmfoundry_ext.data.manifest import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
-from llmfoundry_ext.resumption import LATEST, SEAL, prepare_autoresume, problem
+from llmfoundry_ext.resumption import LATEST, SEAL, prepare_autoresume, problem, seal
 from llmfoundry_ext.train import main, train
 from tests.conftest import COMPOSER, REPO, write_yaml
 
@@ -90,6 +90,19 @@ def test_a_checkpoint_written_before_seals_is_checked_against_its_metadata(two_r
                   if info.relative_path == '__0_0.distcp')
     size = os.path.getsize(f'{folder}/ep0-ba10/__0_0.distcp')
     assert problem(f'{folder}/ep0-ba10') == f'__0_0.distcp has {size:,} bytes where {end:,} were written'
+
+
+def test_a_whole_model_checkpoint_in_a_relative_folder_is_sealed_and_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.makedirs('run')
+    torch.save({'state': {'model': {'w': torch.ones(1000)}}}, 'run/ep0-ba2-rank0.pt')
+    seal('run/ep0-ba2-rank0.pt')
+    assert os.path.isfile(f'run/.ep0-ba2-rank0.pt{SEAL}') and problem('run/ep0-ba2-rank0.pt') is None
+    size = os.path.getsize('run/ep0-ba2-rank0.pt')
+    truncate('run/ep0-ba2-rank0.pt')
+    assert problem('run/ep0-ba2-rank0.pt') == f'ep0-ba2-rank0.pt has {size // 2:,} bytes where {size:,} were written'
+    os.remove(f'run/.ep0-ba2-rank0.pt{SEAL}')
+    assert problem('run/ep0-ba2-rank0.pt') == 'not a complete torch.save archive (truncated?)'
 
 
 def test_a_missing_latest_link_points_at_the_newest_checkpoint(two_rank_run, tmp_path):
