@@ -7,7 +7,9 @@
 #                                               with 2 layers: 20 steps and a sharded checkpoint each
 #   bash benchmarks/gpu.sh bench-1b [out.json]  one H100: 1B at local batch 2 and 4 beside torchtitan, HF, and the
 #                                               loss compiled instead of liger's
-#   bash benchmarks/gpu.sh profile-1b           kernel time by category of the 1B at local batch 2
+#   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
+#                                               local batch 2, ours beside torchtitan's (compiled)
+#   bash benchmarks/gpu.sh profile-8b           the same for the 8B on the GPUs present, local batch 1, no AC
 #   bash benchmarks/gpu.sh bench-8b [out.json]  2 GPUs: 8B, no / selective / full AC and float8, beside torchtitan,
 #                                               and the loss compiled instead of liger's
 set -uo pipefail
@@ -41,6 +43,28 @@ shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch
   rm -rf $ckpt
 }
 
+titan_profile() {  # flavor local-batch: torchtitan compiled, as .anchors/run.sh runs it, with steps 8-10 profiled
+  local tt=$PWD/.anchors/torchtitan name=profile_$1_$2
+  FLAVOR=$1 LBS=$2 STEPS=12 bash .anchors/run.sh compile | grep -E "^compile|^rc=" # writes anchor_compile.toml
+  sed -e 's/^enable_profiling = false/enable_profiling = true\nprofile_freq = 10\nprofiler_warmup = 3\nprofiler_active = 3/' \
+    -e "s#/tmp/tt_outputs/compile#/tmp/tt_outputs/$name#" "$tt/anchor_compile.toml" > "$tt/anchor_$name.toml"
+  rm -rf "/tmp/tt_outputs/$name"
+  (cd "$tt" && PYTHONPATH=/tmp/site-tt:$tt HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+    PYTORCH_ALLOC_CONF=expandable_segments:True timeout 400 torchrun --nproc_per_node="$GPUS" \
+    --rdzv_backend c10d --rdzv_endpoint=localhost:0 -m torchtitan.train --job.config_file "anchor_$name.toml") \
+    > "$OUT/tt_$name.log" 2>&1 || tail -20 "$OUT/tt_$name.log"
+  cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2.json"
+}
+
+profile() {  # flavor local-batch yaml [overrides]: ours (scripts/profile_run.py) beside torchtitan, same steps profiled
+  local flavor=$1 lbs=$2 yaml=$3; shift 3
+  composer -n "$GPUS" scripts/profile_run.py "$yaml" "global_batch_size=$((lbs * GPUS))" \
+    "device_microbatch_size=$lbs" "$@" --warmup 7 --steps 3 --trace "/tmp/ours-$flavor-b$lbs.json" 2>&1 | tail -14
+  titan_profile "$flavor" "$lbs"
+  python3 scripts/compare_profiles.py "ours=/tmp/ours-$flavor-b$lbs.json" "torchtitan=/tmp/titan-$flavor-b$lbs.json" \
+    --json "$OUT/profile-$flavor-b$lbs.json"
+}
+
 case "${1:-}" in
   tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
   shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
@@ -55,10 +79,11 @@ case "${1:-}" in
       --row "ours-b4 $Y global_batch_size=4" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
       --row "hf hf:$Y global_batch_size=1 device_microbatch_size=1" \
       --row "ours-b2-compiled-ce $Y global_batch_size=2 device_microbatch_size=2 model.fused_kernels=[]" \
-      --versus ours-b2:titan-b2 --versus ours-b4:titan-b4 --versus ours-b2-compiled-ce:titan-b2 ;;
-  profile-1b)
-    python3 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
-      --steps 3 --trace /tmp/trace-1b.json --json "$OUT/profile-1b.json" 2>&1 | tail -14 ;;
+      --row "ours-b4-compiled-ce $Y global_batch_size=4 model.fused_kernels=[]" \
+      --versus ours-b2:titan-b2 --versus ours-b4:titan-b4 --versus ours-b2-compiled-ce:titan-b2 \
+      --versus ours-b4-compiled-ce:titan-b4 ;;
+  profile-1b) profile 1B 2 yamls/llama1b.yaml ;;
+  profile-8b) profile 8B 1 yamls/llama8b.yaml ;;
   bench-8b)
     Y=yamls/llama8b.yaml; B="global_batch_size=$GPUS"; AC=parallelism.fsdp.activation_checkpointing
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "${2:-$OUT/bench-8b.json}" \

@@ -3,7 +3,9 @@
 Kernels (GPU) or operators (CPU) are grouped into categories by name, each with its share of the profiled time.
 """
 import collections
+import json
 import re
+from dataclasses import dataclass
 
 import torch
 from composer.core import Callback, State
@@ -66,11 +68,66 @@ def format_table(rows: list[dict], steps: int) -> str:
     return '\n'.join(lines)
 
 
+GPU_EVENTS = ('kernel', 'gpu_memcpy', 'gpu_memset')  # Chrome-trace categories of work on the GPU
+
+
+@dataclass
+class TraceSummary:
+    """What a profiled stretch of training did on GPU 0, from its Chrome trace (ours or torchtitan's)."""
+    kernels: dict[str, float]  # kernel name -> ms, summed over the profiled steps
+    busy_ms: float  # time at least one kernel or copy ran
+    span_ms: float  # first GPU event's start to last one's end
+    steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
+
+
+def read_trace(path: str) -> TraceSummary:
+    """Kernel times, busy time and span of a torch.profiler Chrome trace; its steps are its ProfilerStep#N ranges."""
+    with open(path) as file:
+        events = [e for e in json.load(file)['traceEvents'] if e.get('ph') == 'X']
+    gpu = sorted((e for e in events if e.get('cat') in GPU_EVENTS), key=lambda e: e['ts'])
+    kernels: dict[str, float] = collections.defaultdict(float)
+    busy, covered_to = 0.0, float('-inf')
+    for event in gpu:
+        kernels[event['name']] += event['dur'] / 1000
+        start, end = event['ts'], event['ts'] + event['dur']
+        busy += max(0.0, end - max(start, covered_to))
+        covered_to = max(covered_to, end)
+    steps = {e['name'] for e in events if e['name'].startswith('ProfilerStep#')}
+    span = (covered_to - gpu[0]['ts']) / 1000 if gpu else 0.0
+    return TraceSummary(dict(kernels), busy / 1000, span, len(steps))
+
+
+def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
+    """Rows {category, <name>: ms per step, ...} for each trace, largest first in the first; then GPU busy,
+    GPU idle and span per step."""
+    per_step = {name: {row['category']: row['ms'] / s.steps for row in category_table(s.kernels)}
+                for name, s in summaries.items()}
+    first = next(iter(per_step.values()))
+    categories = sorted({c for table in per_step.values() for c in table}, key=lambda c: -first.get(c, 0.0))
+    rows = [{'category': c, **{name: table.get(c, 0.0) for name, table in per_step.items()}} for c in categories]
+    for label, value in (('GPU busy', lambda s: s.busy_ms), ('GPU idle', lambda s: s.span_ms - s.busy_ms),
+                         ('span', lambda s: s.span_ms)):
+        rows.append({'category': label, **{name: value(s) / s.steps for name, s in summaries.items()}})
+    return rows
+
+
+def format_comparison(rows: list[dict]) -> str:
+    names = [key for key in rows[0] if key != 'category']
+    lines = [f"{'ms per step':<15}" + ''.join(f'{name:>14}' for name in names)
+             + (f"{'difference':>12}" if len(names) == 2 else '')]
+    for row in rows:
+        values = [row[name] for name in names]
+        lines.append(f"{row['category']:<15}" + ''.join(f'{v:>14.2f}' for v in values)
+                     + (f'{values[0] - values[1]:>+12.2f}' if len(names) == 2 else ''))
+    return '\n'.join(lines)
+
+
 class ProfileSteps(Callback):
-    """Profiles batches ``warmup + 1`` .. ``warmup + steps`` of this invocation, then stops training."""
+    """Profiles batches ``warmup + 1`` .. ``warmup + steps`` of this invocation, each a ``ProfilerStep#N`` range as
+    torch.profiler's schedule marks them, then stops training."""
 
     def __init__(self, warmup: int, steps: int):
-        self.warmup, self.steps, self.seen = warmup, steps, 0
+        self.warmup, self.steps, self.seen, self.step_range = warmup, steps, 0, None
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -79,8 +136,14 @@ class ProfileSteps(Callback):
     def batch_start(self, state: State, logger: Logger) -> None:
         if self.seen == self.warmup:
             self.profile.start()
+        if self.seen >= self.warmup:
+            self.step_range = torch.profiler.record_function(f'ProfilerStep#{self.seen}')
+            self.step_range.__enter__()
 
     def batch_end(self, state: State, logger: Logger) -> None:
+        if self.step_range is not None:
+            self.step_range.__exit__(None, None, None)
+            self.step_range = None
         self.seen += 1
         if self.seen == self.warmup + self.steps:
             if torch.cuda.is_available():

@@ -1,4 +1,5 @@
-"""Profiling: kernel names fall into the right categories; a CPU profile of the demo model prints its table."""
+"""Profiling: kernel names fall into the right categories; a CPU profile of the demo model prints its table; two
+Chrome traces compare by category, busy and idle time."""
 import json
 import os
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from llmfoundry_ext.profiling import categorize, category_table
+from llmfoundry_ext.profiling import categorize, category_table, compare_traces, read_trace
 from tests.conftest import REPO
 
 
@@ -49,3 +50,51 @@ def test_profile_script_on_cpu(tmp_path):
     assert {'GEMM', 'loss', 'attention', 'elementwise'} <= {row['category'] for row in table['rows']}
     assert all(row['ms'] > 0 for row in table['rows'])
     assert 'traceEvents' in json.load(open(tmp_path / 'trace.json'))
+    steps = sorted(e['name'] for e in json.load(open(tmp_path / 'trace.json'))['traceEvents']
+                   if e['name'].startswith('ProfilerStep#'))
+    assert steps == ['ProfilerStep#1', 'ProfilerStep#2']
+
+
+def write_trace(path, steps: int, kernels: list[tuple[str, str, float, float]]) -> str:
+    """A Chrome trace of ``steps`` ProfilerStep ranges and GPU events (category, name, start us, duration us)."""
+    events = [{'ph': 'X', 'cat': 'user_annotation', 'name': f'ProfilerStep#{n}', 'ts': 0, 'dur': 1} for n in range(steps)]
+    events += [{'ph': 'X', 'cat': cat, 'name': name, 'ts': ts, 'dur': dur} for cat, name, ts, dur in kernels]
+    events.append({'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::mm', 'ts': 0, 'dur': 99000})  # CPU: not counted
+    path.write_text(json.dumps({'traceEvents': events}))
+    return str(path)
+
+
+def test_read_trace_counts_overlapping_streams_once(tmp_path):
+    trace = write_trace(tmp_path / 't.json', 2, [
+        ('kernel', 'nvjet_gemm', 1000, 3000), ('kernel', 'ncclDevKernel_AllGather', 2000, 4000),  # overlap 2000
+        ('gpu_memcpy', 'Memcpy HtoD', 8000, 1000), ('kernel', 'nvjet_gemm', 10000, 2000)])
+    summary = read_trace(trace)
+    assert summary.kernels == {'nvjet_gemm': 5.0, 'ncclDevKernel_AllGather': 4.0, 'Memcpy HtoD': 1.0}
+    assert (summary.busy_ms, summary.span_ms, summary.steps) == (8.0, 11.0, 2)
+
+
+def test_compare_traces_per_step(tmp_path):
+    ours = read_trace(write_trace(tmp_path / 'a.json', 2, [('kernel', 'nvjet_gemm', 0, 6000),
+                                                           ('kernel', 'flash_fwd', 7000, 2000)]))
+    theirs = read_trace(write_trace(tmp_path / 'b.json', 1, [('kernel', 'nvjet_gemm', 0, 2000),
+                                                             ('kernel', 'triton_red_fused_rsqrt', 2000, 1000)]))
+    assert compare_traces({'ours': ours, 'titan': theirs}) == [
+        {'category': 'GEMM', 'ours': 3.0, 'titan': 2.0}, {'category': 'attention', 'ours': 1.0, 'titan': 0.0},
+        {'category': 'normalization', 'ours': 0.0, 'titan': 1.0}, {'category': 'GPU busy', 'ours': 4.0, 'titan': 3.0},
+        {'category': 'GPU idle', 'ours': 0.5, 'titan': 0.0}, {'category': 'span', 'ours': 4.5, 'titan': 3.0}]
+
+
+def test_compare_profiles_script(tmp_path):
+    ours = write_trace(tmp_path / 'a.json', 1, [('kernel', 'nvjet_gemm', 0, 3000)])
+    bare = tmp_path / 'bare.json'
+    bare.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'kernel', 'name': 'k', 'ts': 0, 'dur': 1}]}))
+    run = subprocess.run([sys.executable, 'scripts/compare_profiles.py', f'ours={ours}', f'titan={ours}',
+                          '--json', str(tmp_path / 'c.json')], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[:2] == ['ms per step              ours         titan  difference',
+                                           'GEMM                     3.00          3.00       +0.00']
+    assert json.load(open(tmp_path / 'c.json'))['steps'] == {'ours': 1, 'titan': 1}
+    run = subprocess.run([sys.executable, 'scripts/compare_profiles.py', f'x={bare}'], cwd=REPO, capture_output=True,
+                         text=True)
+    assert (run.returncode, run.stderr.strip()) == (2, f'error: {bare} has no ProfilerStep#N ranges: profile it with '
+                                                       "scripts/profile_run.py or torchtitan's profiler")
