@@ -113,6 +113,25 @@ def test_checkpointing_inside_fsdp2_units_recomputes_with_the_bf16_cast_inputs(t
     assert all(torch.equal(grads[name], grad) for name, grad in expected.items())
 
 
+def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, monkeypatch):
+    """Each block is a unit; untied embeddings and output layer are units of their own (the output layer kept
+    gathered after its forward); tied, they stay with the root. The output layer's fused loss goes through its
+    call, so its unit is gathered for it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    from llmfoundry_ext.build import build_trainer
+    for name in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'NODE_RANK'):  # what Composer's launcher sets
+        monkeypatch.setenv(name, '1' if 'SIZE' in name else '0')
+    tiny_config['model']['tie_embeddings'] = False
+    trainer = build_trainer(load(write_yaml(tiny_config, tmp_path / 'untied.yaml')))
+    transformer = trainer.state.model.model
+    assert [name for name, m in transformer.named_modules() if isinstance(m, FSDPModule)] == [
+        '', 'embed_tokens', 'layers.0', 'layers.1', 'lm_head']
+    assert transformer.fsdp_wrap_fn(transformer.lm_head) == {'reshard_after_forward': False}
+    tied = Transformer(TINY)
+    assert [name for name, m in tied.named_modules() if tied.fsdp_wrap_fn(m)] == ['layers.0', 'layers.1']
+
+
 def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path):
     from llmfoundry_ext.parallelism import composer_parallelism
     config = run_config(tiny_config, tmp_path, 'full')

@@ -142,8 +142,9 @@ def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):
 @pytest.mark.timeout(600)
 def test_two_process_fsdp2_losses_equal_one_process(tiny_config, tmp_path):
     """FSDP2 over 2 ranks, with selective (per-op) activation checkpointing, trains the same model as 1 process on
-    the same global batches (fp32, CPU)."""
+    the same global batches (fp32, CPU); untied, so the embeddings and output layer are units of their own."""
     tiny_config['max_duration'] = '10ba'
+    tiny_config['model']['tie_embeddings'] = False
     yaml_path = write_yaml(tiny_config, tmp_path / 'tiny.yaml')
     tiny_config['parallelism']['fsdp']['activation_checkpointing'] = 'selective'
     checkpointed_path = write_yaml(tiny_config, tmp_path / 'checkpointed.yaml')

@@ -204,6 +204,16 @@ class TransformerBlock(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class OutputLayer(nn.Linear):
+    """Hidden states -> logits; or, given labels, the fused output layer and cross-entropy (no logits). Both go
+    through the module's call, so FSDP2 gathers the weight when the layer is its own unit."""
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if labels is not None:
+            return fused.linear_cross_entropy(hidden, self.weight, labels)
+        return super().forward(hidden)
+
+
 class Transformer(nn.Module):
     """Token ids [B, S] -> logits [B, S, vocab]."""
 
@@ -213,7 +223,7 @@ class Transformer(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
         self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layers))
         self.norm = make_norm(config)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.lm_head = OutputLayer(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         else:
@@ -223,10 +233,7 @@ class Transformer(nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, S, vocab]; or, given ``labels`` and the fused cross_entropy kernel, the mean loss."""
-        hidden = self.hidden_states(input_ids, position_ids)
-        if labels is not None:
-            return fused.linear_cross_entropy(hidden, self.lm_head.weight, labels)
-        return self.lm_head(hidden)
+        return self.lm_head(self.hidden_states(input_ids, position_ids), labels)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer).
@@ -271,7 +278,13 @@ class Transformer(nn.Module):
         elif isinstance(module, nn.Linear) and module.weight is not self.embed_tokens.weight:
             nn.init.trunc_normal_(module.weight, std=getattr(module, 'init_std', INIT_STD))
 
-    def fsdp_wrap_fn(self, module: nn.Module) -> bool:
-        """Composer's FSDP policy: shard each block as its own unit (embeddings stay with the root)."""
-        return isinstance(module, TransformerBlock)
+    def fsdp_wrap_fn(self, module: nn.Module) -> bool | dict:
+        """Composer's FSDP2 units, torchtitan's layout: each block; and, unless tied, the embeddings and the output
+        layer, so their gathers and gradient reductions overlap the blocks' compute instead of bracketing the step
+        (the output layer stays gathered from its forward to its backward, which follows at once)."""
+        if isinstance(module, TransformerBlock) or (module is self.embed_tokens and not self.config.tie_embeddings):
+            return True
+        if module is self.lm_head and not self.config.tie_embeddings:
+            return {'reshard_after_forward': False}
+        return False
 
