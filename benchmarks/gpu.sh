@@ -10,8 +10,8 @@
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
 #   bash benchmarks/gpu.sh profile-8b           the same for the 8B on the GPUs present, local batch 1, no AC
-#   bash benchmarks/gpu.sh bench-8b [out.json]  2 GPUs: 8B, no / selective / full AC and float8, beside torchtitan,
-#                                               and the loss compiled instead of liger's
+#   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
+#                                               float8: AC none / selective / full, float8 without AC; default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -56,6 +56,18 @@ titan_profile() {  # flavor local-batch: torchtitan compiled, as .anchors/run.sh
   cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2.json"
 }
 
+bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan compiled, the mode's rows only
+  local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" ac=parallelism.fsdp.activation_checkpointing rows=() mode
+  declare -A ours=([none]="" [selective]="$ac=selective" [full]="$ac=full" [float8]="model.float8=true")
+  declare -A titan=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
+  for mode in $*; do
+    rows+=(--row "ours-$mode $y $b ${ours[$mode]}" --row "titan-$mode torchtitan:${titan[$mode]} FLAVOR=8B LBS=1"
+           --versus "ours-$mode:titan-$mode")
+  done
+  local modes="$*"
+  python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
+}
+
 profile() {  # flavor local-batch yaml [overrides]: ours (scripts/profile_run.py) beside torchtitan, same steps profiled
   local flavor=$1 lbs=$2 yaml=$3; shift 3
   composer -n "$GPUS" scripts/profile_run.py "$yaml" "global_batch_size=$((lbs * GPUS))" \
@@ -68,10 +80,6 @@ profile() {  # flavor local-batch yaml [overrides]: ours (scripts/profile_run.py
 case "${1:-}" in
   tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
   shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
-  bench-8b-core)  # no activation checkpointing only: ours as shipped beside torchtitan compiled
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "${2:-$OUT/bench-8b-core.json}" \
-      --row "ours yamls/llama8b.yaml global_batch_size=$GPUS" --row "titan torchtitan:compile FLAVOR=8B LBS=1" \
-      --versus ours:titan ;;
   bench-1b)
     Y=yamls/llama1b.yaml
     python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
@@ -84,14 +92,6 @@ case "${1:-}" in
       --versus ours-b4-compiled-ce:titan-b4 ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml ;;
   profile-8b) profile 8B 1 yamls/llama8b.yaml ;;
-  bench-8b)
-    Y=yamls/llama8b.yaml; B="global_batch_size=$GPUS"; AC=parallelism.fsdp.activation_checkpointing
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "${2:-$OUT/bench-8b.json}" \
-      --row "ours $Y $B" --row "titan torchtitan:compile FLAVOR=8B LBS=1" --row "ours-compiled-ce $Y $B model.fused_kernels=[]" \
-      --row "ours-selective $Y $B $AC=selective" --row "titan-selective torchtitan:compile_sac FLAVOR=8B LBS=1" \
-      --row "ours-full $Y $B $AC=full" --row "titan-full torchtitan:compile_full FLAVOR=8B LBS=1" \
-      --row "ours-float8 $Y $B model.float8=true" --row "titan-float8 torchtitan:fp8 FLAVOR=8B LBS=1" \
-      --versus ours:titan --versus ours-selective:titan-selective --versus ours-full:titan-full \
-      --versus ours-float8:titan-float8 --versus ours-compiled-ce:titan ;;
+  bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   *) sed -n 2,10p "$0"; exit 2 ;;
 esac
