@@ -10,6 +10,8 @@ module for every script there.) Launch with `composer -n N scripts/profile_run.p
 """
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 
@@ -26,18 +28,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--trace', default='trace.json')
     parser.add_argument('--json', help='also write the table here')
     args = parser.parse_args(argv)
-    from composer.utils import dist
-
-    from llmfoundry_ext.train import train
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            config = load(synthetic_run_yaml(args.yaml, args.overrides, folder, args.warmup + args.steps + 2))
-        except ConfigError as error:
-            print(f'config error: {error}', file=sys.stderr)
-            return 2
-        profiler = ProfileSteps(args.warmup, args.steps)
-        trainer = train(config, extra_callbacks=[profiler])
-        trainer.close()
+    from composer.utils import dist, get_device
+    dist.initialize_dist(get_device(None))
+    folder = shared_folder()
+    try:
+        profiler = profile_synthetic_run(args, folder)
+    finally:
+        dist.barrier()
+        if dist.get_local_rank() == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    if profiler is None:
+        return 2
     if dist.get_global_rank() == 0:
         profiler.profile.export_chrome_trace(args.trace)
         rows = category_table(self_times(profiler.profile))
@@ -48,6 +49,42 @@ def main(argv: list[str]) -> int:
                 json.dump({'yaml': args.yaml, 'overrides': args.overrides, 'steps': args.steps, 'rows': rows}, file,
                           indent=2)
     return 0
+
+
+def profile_synthetic_run(args: argparse.Namespace, folder: str) -> ProfileSteps | None:
+    """Train the YAML on random tokens written into ``folder`` (by each node's local rank 0), profiling the
+    chosen steps; None after a configuration error (printed once per node)."""
+    from composer.utils import dist
+
+    from llmfoundry_ext.train import train
+    error = None
+    if dist.get_local_rank() == 0:
+        try:
+            synthetic_run_yaml(args.yaml, args.overrides, folder, args.warmup + args.steps + 2)
+        except ConfigError as raised:
+            error = raised
+    dist.barrier()
+    try:
+        config = load(os.path.join(folder, 'run.yaml'))
+    except ConfigError as raised:
+        error = error or raised
+    if error is not None:
+        if dist.get_local_rank() == 0:
+            print(f'config error: {error}', file=sys.stderr)
+        return None
+    profiler = ProfileSteps(args.warmup, args.steps)
+    train(config, extra_callbacks=[profiler]).close()
+    return profiler
+
+
+def shared_folder() -> str:
+    """A new temporary folder, at one path on every rank (streaming wants every rank's data at one path); each
+    node's local rank 0 writes the synthetic data into it."""
+    from composer.utils import dist
+    folder = [tempfile.mkdtemp(prefix='profile_run-') if dist.get_global_rank() == 0 else None]
+    dist.broadcast_object_list(folder)
+    os.makedirs(folder[0], exist_ok=True)
+    return folder[0]
 
 
 if __name__ == '__main__':

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from llmfoundry_ext.profiling import categorize, category_table, compare_traces, read_trace
-from tests.conftest import REPO
+from tests.conftest import COMPOSER, REPO
 
 
 @pytest.mark.parametrize('name, category', [
@@ -53,6 +53,16 @@ def test_profile_script_on_cpu(tmp_path):
     steps = sorted(e['name'] for e in json.load(open(tmp_path / 'trace.json'))['traceEvents']
                    if e['name'].startswith('ProfilerStep#'))
     assert steps == ['ProfilerStep#1', 'ProfilerStep#2']
+
+
+def test_profile_script_on_two_processes(tmp_path):
+    """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports."""
+    result = subprocess.run(
+        [COMPOSER, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
+         '--warmup', '1', '--steps', '1', '--trace', str(tmp_path / 'trace.json')],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count('category          ms/step   share  top kernels') == 1
 
 
 def write_trace(path, steps: int, kernels: list[tuple[str, str, float, float]]) -> str:
