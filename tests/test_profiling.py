@@ -38,31 +38,21 @@ def test_category_table_shares():
     assert rows[0]['top'] == ['aten::mm', 'aten::addmm']
 
 
-def test_profile_script_on_cpu(tmp_path):
+def test_profile_script_on_two_cpu_processes(tmp_path):
+    """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports."""
     result = subprocess.run(
-        [sys.executable, 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=2', 'model.n_layers=2',
+        [COMPOSER, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
          '--warmup', '1', '--steps', '2', '--trace', str(tmp_path / 'trace.json'), '--json', str(tmp_path / 't.json')],
         cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert 'category          ms/step   share  top kernels' in result.stdout
+    assert result.stdout.count('category          ms/step   share  top kernels') == 1
     table = json.load(open(tmp_path / 't.json'))
     assert table['steps'] == 2 and sum(row['share'] for row in table['rows']) == pytest.approx(1.0)
     assert {'GEMM', 'loss', 'attention', 'elementwise'} <= {row['category'] for row in table['rows']}
     assert all(row['ms'] > 0 for row in table['rows'])
-    assert 'traceEvents' in json.load(open(tmp_path / 'trace.json'))
     steps = sorted(e['name'] for e in json.load(open(tmp_path / 'trace.json'))['traceEvents']
                    if e['name'].startswith('ProfilerStep#'))
     assert steps == ['ProfilerStep#1', 'ProfilerStep#2']
-
-
-def test_profile_script_on_two_processes(tmp_path):
-    """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports."""
-    result = subprocess.run(
-        [COMPOSER, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
-         '--warmup', '1', '--steps', '1', '--trace', str(tmp_path / 'trace.json')],
-        cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.count('category          ms/step   share  top kernels') == 1
 
 
 def write_trace(path, steps: int, kernels: list[tuple[str, str, float, float]]) -> str:
@@ -94,17 +84,15 @@ def test_compare_traces_per_step(tmp_path):
         {'category': 'GPU idle', 'ours': 0.5, 'titan': 0.0}, {'category': 'span', 'ours': 4.5, 'titan': 3.0}]
 
 
-def test_compare_profiles_script(tmp_path):
+def test_compare_profiles_script(tmp_path, capsys):
+    from scripts.compare_profiles import main
     ours = write_trace(tmp_path / 'a.json', 1, [('kernel', 'nvjet_gemm', 0, 3000)])
+    assert main([f'ours={ours}', f'titan={ours}', '--json', str(tmp_path / 'c.json')]) == 0
+    assert capsys.readouterr().out.splitlines()[:2] == ['ms per step              ours         titan  difference',
+                                                        'GEMM                     3.00          3.00       +0.00']
+    assert json.load(open(tmp_path / 'c.json'))['steps'] == {'ours': 1, 'titan': 1}
     bare = tmp_path / 'bare.json'
     bare.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'kernel', 'name': 'k', 'ts': 0, 'dur': 1}]}))
-    run = subprocess.run([sys.executable, 'scripts/compare_profiles.py', f'ours={ours}', f'titan={ours}',
-                          '--json', str(tmp_path / 'c.json')], cwd=REPO, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines()[:2] == ['ms per step              ours         titan  difference',
-                                           'GEMM                     3.00          3.00       +0.00']
-    assert json.load(open(tmp_path / 'c.json'))['steps'] == {'ours': 1, 'titan': 1}
-    run = subprocess.run([sys.executable, 'scripts/compare_profiles.py', f'x={bare}'], cwd=REPO, capture_output=True,
-                         text=True)
-    assert (run.returncode, run.stderr.strip()) == (2, f'error: {bare} has no ProfilerStep#N ranges: profile it with '
-                                                       "scripts/profile_run.py or torchtitan's profiler")
+    assert main([f'x={bare}']) == 2
+    assert capsys.readouterr().err.strip() == (f'error: {bare} has no ProfilerStep#N ranges: profile it with '
+                                               "scripts/profile_run.py or torchtitan's profiler")
