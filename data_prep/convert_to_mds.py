@@ -36,8 +36,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--s3-endpoint', help='an S3-compatible endpoint for stack-v2 contents')
     args = parser.parse_args(argv)
     try:
-        if unwritable_reason(args.out):
-            raise SourceError(f'--out {args.out}: {unwritable_reason(args.out)}; choose a folder you can write')
+        if reason := unwritable_reason(args.out):
+            raise SourceError(f'--out {args.out}: {reason}; choose a folder you can write')
         source = parse_source(args.source, args.input, args.text_column, args.id_column, args.s3_endpoint)
         tokenizer_file, eos, bos = resolve_tokenizer(args.tokenizer, args.out)
         job = Job(source, tokenizer_file, args.concat_tokens, args.val_fraction, args.out)

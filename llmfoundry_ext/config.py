@@ -501,8 +501,8 @@ def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
 def check_checkpoint_paths(config: TrainConfig) -> None:
     """A save folder that can be written, and a load_path (a local one) that exists."""
     folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
-    if folder and unwritable_reason(folder):
-        raise ConfigError(f'checkpoint.save_folder: {unwritable_reason(folder)}; choose a folder you can write')
+    if folder and (reason := unwritable_reason(folder)):
+        raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
     if load_path and '://' not in load_path and not os.path.exists(load_path):
         raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
                           f'ep0-ba100-rank0.pt) or remove load_path')

@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.config import ConfigError, TrainConfig, load, world_size
+from llmfoundry_ext.config import ConfigError, TrainConfig, global_rank, load, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.errors import TrainingStopped
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     try:
         train(config)
     except TrainingStopped as stop:
-        if int(os.environ.get('RANK', '0')) == 0:
+        if global_rank() == 0:
             print(f'error: {stop}', file=sys.stderr)
         return 1
     return 0

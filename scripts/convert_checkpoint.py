@@ -39,8 +39,8 @@ def main(argv: list[str]) -> int:
                              help='largest safetensors file written, e.g. 5GB or 500MB (default %(default)s)')
     args = parser.parse_args(argv)
     try:
-        if unwritable_reason(args.out):
-            raise CheckpointError(f'{args.out}: {unwritable_reason(args.out)}; choose an output folder you can write')
+        if reason := unwritable_reason(args.out):
+            raise CheckpointError(f'{args.out}: {reason}; choose an output folder you can write')
         if args.command == 'to-hf':
             checkpoint = export_to_hf(args.checkpoint, args.out, getattr(torch, args.dtype), args.tokenizer,
                                       args.max_shard_size)

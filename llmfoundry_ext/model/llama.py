@@ -282,9 +282,11 @@ class Transformer(nn.Module):
         """Composer's FSDP2 units, torchtitan's layout: each block; and, unless tied, the embeddings and the output
         layer, so their gathers and gradient reductions overlap the blocks' compute instead of bracketing the step
         (the output layer stays gathered from its forward to its backward, which follows at once)."""
-        if isinstance(module, TransformerBlock) or (module is self.embed_tokens and not self.config.tie_embeddings):
+        if isinstance(module, TransformerBlock):
             return True
-        if module is self.lm_head and not self.config.tie_embeddings:
+        if self.config.tie_embeddings:
+            return False
+        if module is self.lm_head:
             return {'reshard_after_forward': False}
-        return False
+        return module is self.embed_tokens
 
