@@ -16,7 +16,7 @@ install_requires = [
 ]
 
 extras_require = {
-    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.5', 'nvidia-ml-py>=12'],  # nvidia-ml-py: GPU utilisation
+    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.8.3', 'nvidia-ml-py>=12'],  # nvidia-ml-py: GPU utilisation
     'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml', 'moto[server]>=5'],  # moto: a local S3 for tests
 }
 

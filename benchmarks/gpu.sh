@@ -9,7 +9,8 @@
 #                                               loss compiled instead of liger's
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
-#   bash benchmarks/gpu.sh profile-8b           the same for the 8B on the GPUs present, local batch 1, no AC
+#   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
+#                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all)
 set -uo pipefail
@@ -43,38 +44,40 @@ shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch
   rm -rf $ckpt
 }
 
-titan_profile() {  # flavor local-batch: torchtitan compiled, as .anchors/run.sh runs it, with steps 8-10 profiled
-  local tt=$PWD/.anchors/torchtitan name=profile_$1_$2
-  FLAVOR=$1 LBS=$2 STEPS=12 bash .anchors/run.sh compile | grep -E "^compile|^rc=" # writes anchor_compile.toml
+titan_profile() {  # flavor local-batch setting: torchtitan as .anchors/run.sh runs the setting, steps 8-10 profiled
+  local tt=$PWD/.anchors/torchtitan name=profile_$1_$2_$3
+  FLAVOR=$1 LBS=$2 STEPS=12 bash .anchors/run.sh "$3" | grep -E "^===|^rc=" # writes anchor_$3.toml
   sed -e 's/^enable_profiling = false/enable_profiling = true\nprofile_freq = 10\nprofiler_warmup = 3\nprofiler_active = 3/' \
-    -e "s#/tmp/tt_outputs/compile#/tmp/tt_outputs/$name#" "$tt/anchor_compile.toml" > "$tt/anchor_$name.toml"
+    -e "s#/tmp/tt_outputs/$3\"#/tmp/tt_outputs/$name\"#" "$tt/anchor_$3.toml" > "$tt/anchor_$name.toml"
   rm -rf "/tmp/tt_outputs/$name"
   (cd "$tt" && PYTHONPATH=/tmp/site-tt:$tt HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     PYTORCH_ALLOC_CONF=expandable_segments:True timeout 400 torchrun --nproc_per_node="$GPUS" \
     --rdzv_backend c10d --rdzv_endpoint=localhost:0 -m torchtitan.train --job.config_file "anchor_$name.toml") \
     > "$OUT/tt_$name.log" 2>&1 || tail -20 "$OUT/tt_$name.log"
-  cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2.json"
+  cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2-$3.json"
 }
 
-bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan compiled, the mode's rows only
-  local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" ac=parallelism.fsdp.activation_checkpointing rows=() mode
-  declare -A ours=([none]="" [selective]="$ac=selective" [full]="$ac=full" [float8]="model.float8=true")
-  declare -A titan=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
+AC=parallelism.fsdp.activation_checkpointing
+declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8]="model.float8=true")
+declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
+
+bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only
+  local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" rows=() mode
   for mode in $*; do
-    rows+=(--row "ours-$mode $y $b ${ours[$mode]}" --row "titan-$mode torchtitan:${titan[$mode]} FLAVOR=8B LBS=1"
+    rows+=(--row "ours-$mode $y $b ${OURS[$mode]}" --row "titan-$mode torchtitan:${TITAN[$mode]} FLAVOR=8B LBS=1"
            --versus "ours-$mode:titan-$mode")
   done
   local modes="$*"
   python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
 }
 
-profile() {  # flavor local-batch yaml [overrides]: ours (scripts/profile_run.py) beside torchtitan, same steps profiled
-  local flavor=$1 lbs=$2 yaml=$3; shift 3
+profile() {  # flavor local-batch yaml mode: ours (scripts/profile_run.py) beside torchtitan, the same steps profiled
+  local flavor=$1 lbs=$2 yaml=$3 mode=$4 name=$1-b$2-$4
   composer -n "$GPUS" scripts/profile_run.py "$yaml" "global_batch_size=$((lbs * GPUS))" \
-    "device_microbatch_size=$lbs" "$@" --warmup 7 --steps 3 --trace "/tmp/ours-$flavor-b$lbs.json" 2>&1 | tail -14
-  titan_profile "$flavor" "$lbs"
-  python3 scripts/compare_profiles.py "ours=/tmp/ours-$flavor-b$lbs.json" "torchtitan=/tmp/titan-$flavor-b$lbs.json" \
-    --json "$OUT/profile-$flavor-b$lbs.json"
+    "device_microbatch_size=$lbs" ${OURS[$mode]} --warmup 7 --steps 3 --trace "/tmp/ours-$name.json" 2>&1 | tail -14
+  titan_profile "$flavor" "$lbs" "${TITAN[$mode]}"
+  python3 scripts/compare_profiles.py "ours=/tmp/ours-$name.json" \
+    "torchtitan=/tmp/titan-$flavor-b$lbs-${TITAN[$mode]}.json" --kernels 25 --json "$OUT/profile-$name.json"
 }
 
 case "${1:-}" in
@@ -90,8 +93,8 @@ case "${1:-}" in
       --row "ours-b4-compiled-ce $Y global_batch_size=4 model.fused_kernels=[]" \
       --versus ours-b2:titan-b2 --versus ours-b4:titan-b4 --versus ours-b2-compiled-ce:titan-b2 \
       --versus ours-b4-compiled-ce:titan-b4 ;;
-  profile-1b) profile 1B 2 yamls/llama1b.yaml ;;
-  profile-8b) profile 8B 1 yamls/llama8b.yaml ;;
+  profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
+  profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   *) sed -n 2,10p "$0"; exit 2 ;;
 esac

@@ -111,6 +111,12 @@ def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
     return rows
 
 
+def top_kernels(summary: TraceSummary, count: int) -> list[dict]:
+    """The ``count`` kernels with the most time per step: {kernel, category, ms}."""
+    ranked = sorted(summary.kernels.items(), key=lambda kernel: -kernel[1])[:count]
+    return [{'kernel': name, 'category': categorize(name), 'ms': ms / summary.steps} for name, ms in ranked]
+
+
 def format_comparison(rows: list[dict]) -> str:
     names = [key for key in rows[0] if key != 'category']
     lines = [f"{'ms per step':<15}" + ''.join(f'{name:>14}' for name in names)

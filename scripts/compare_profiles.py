@@ -1,20 +1,22 @@
 """Where two runs' GPU time goes, side by side: kernel time per step by category, GPU busy and idle time.
 
-  python scripts/compare_profiles.py ours=trace.json torchtitan=rank0_trace.json [--json table.json]
+  python scripts/compare_profiles.py ours=trace.json torchtitan=rank0_trace.json [--kernels N] [--json table.json]
 
 Each trace is a torch.profiler Chrome trace whose profiled steps are ProfilerStep#N ranges: those of
-scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json).
+scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json). --kernels N also lists each
+trace's N kernels with the most time per step.
 """
 import argparse
 import json
 import sys
 
-from llmfoundry_ext.profiling import compare_traces, format_comparison, read_trace
+from llmfoundry_ext.profiling import compare_traces, format_comparison, read_trace, top_kernels
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('traces', nargs='+', metavar='NAME=TRACE')
+    parser.add_argument('--kernels', type=int, default=0, metavar='N', help="list each trace's top N kernels")
     parser.add_argument('--json', help='also write the table here')
     args = parser.parse_args(argv)
     summaries = {}
@@ -29,9 +31,14 @@ def main(argv: list[str]) -> int:
     rows = compare_traces(summaries)
     print(format_comparison(rows))
     print('steps: ' + ', '.join(f'{name} {s.steps}' for name, s in summaries.items()))
+    kernels = {name: top_kernels(s, args.kernels) for name, s in summaries.items()} if args.kernels else {}
+    for name, ranked in kernels.items():
+        print(f'{name}: top {args.kernels} kernels, ms per step')
+        print('\n'.join(f"{k['ms']:>9.2f}  {k['category']:<14} {k['kernel'][:150]}" for k in ranked))
     if args.json:
         with open(args.json, 'w') as file:
-            json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows}, file, indent=2)
+            json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows, 'kernels': kernels},
+                      file, indent=2)
     return 0
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from llmfoundry_ext.profiling import categorize, category_table, compare_traces, read_trace
+from llmfoundry_ext.profiling import categorize, category_table, compare_traces, read_trace, top_kernels
 from tests.conftest import COMPOSER, REPO
 
 
@@ -82,6 +82,7 @@ def test_compare_traces_per_step(tmp_path):
         {'category': 'GEMM', 'ours': 3.0, 'titan': 2.0}, {'category': 'attention', 'ours': 1.0, 'titan': 0.0},
         {'category': 'normalization', 'ours': 0.0, 'titan': 1.0}, {'category': 'GPU busy', 'ours': 4.0, 'titan': 3.0},
         {'category': 'GPU idle', 'ours': 0.5, 'titan': 0.0}, {'category': 'span', 'ours': 4.5, 'titan': 3.0}]
+    assert top_kernels(ours, 1) == [{'kernel': 'nvjet_gemm', 'category': 'GEMM', 'ms': 3.0}]
 
 
 def test_compare_profiles_script(tmp_path, capsys):
@@ -91,6 +92,9 @@ def test_compare_profiles_script(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[:2] == ['ms per step              ours         titan  difference',
                                                         'GEMM                     3.00          3.00       +0.00']
     assert json.load(open(tmp_path / 'c.json'))['steps'] == {'ours': 1, 'titan': 1}
+    assert main([f'ours={ours}', '--kernels', '1']) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ['ours: top 1 kernels, ms per step',
+                                                         '     3.00  GEMM           nvjet_gemm']
     bare = tmp_path / 'bare.json'
     bare.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'kernel', 'name': 'k', 'ts': 0, 'dur': 1}]}))
     assert main([f'x={bare}']) == 2
