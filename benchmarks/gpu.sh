@@ -13,6 +13,7 @@
 #                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all)
+#   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -96,5 +97,6 @@ case "${1:-}" in
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
+  bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   *) sed -n 2,10p "$0"; exit 2 ;;
 esac
