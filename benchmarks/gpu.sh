@@ -84,6 +84,7 @@ profile() {  # flavor local-batch yaml mode: ours (scripts/profile_run.py) besid
 case "${1:-}" in
   tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
   shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
+  shipped-70b) shipped llama70b.yaml 2 ;;
   bench-1b)
     Y=yamls/llama1b.yaml
     python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
