@@ -17,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from llmfoundry_ext.cli import unwritable_reason
 from llmfoundry_ext.data.manifest import file_sha256, read_manifest, read_tokenizer
-from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, preset_fields
+from llmfoundry_ext.model.llama import ARCHITECTURE, PRESETS, LlamaConfig, preset_fields
 
 
 class ConfigError(ValueError):
@@ -192,14 +192,27 @@ def first_line(error: Exception) -> str:
 
 
 def apply_preset(raw: dict) -> None:
-    """Fill ``model`` with its preset's architecture under the keys the YAML sets itself."""
+    """Fill ``model`` with its preset's architecture, then that of the ``model.init_from`` weights, under the keys the
+    YAML sets itself."""
     model = raw.get('model')
     if not isinstance(model, dict):
         return
     preset = model.get('preset', 'debug')
     if preset not in PRESETS:
         raise ConfigError(f"model.preset: unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
-    raw['model'] = {**preset_fields(preset), **model}
+    raw['model'] = {**preset_fields(preset), **weights_architecture(model.get('init_from')), **model}
+
+
+def weights_architecture(folder) -> dict:
+    """The architecture fields, and the RoPE range, of the weights in ``folder`` (none without a folder)."""
+    if not isinstance(folder, str):
+        return {}
+    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config
+    try:
+        source = read_weights_config(folder)
+    except CheckpointError as error:
+        raise ConfigError(f'model.init_from: {error}') from None
+    return {name: getattr(source, name) for name in (*ARCHITECTURE, 'max_seq_len')}
 
 
 def build(cls, value, path: str):
@@ -414,7 +427,8 @@ def eos_token_id(config: TrainConfig) -> int:
 
 
 def check_init_from(model: ModelConfig) -> None:
-    """The weights to start from exist and have this architecture (vocabulary aside when embeddings are skipped)."""
+    """The weights to start from exist and have the architecture the YAML set (vocabulary aside when embeddings
+    are skipped); fields the YAML left out came from the weights (``apply_preset``)."""
     if model.init_from is None:
         return
     if model.init_device == 'meta':
@@ -427,8 +441,7 @@ def check_init_from(model: ModelConfig) -> None:
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
     new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
-    for name in ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'tie_embeddings',
-                 'rope_theta', 'rope_scaling_factor', 'norm_eps'):
+    for name in ARCHITECTURE:
         if name == 'vocab_size' and new_vocabulary:
             continue
         if getattr(model, name) != getattr(source, name):

@@ -171,6 +171,24 @@ def test_trained_monolithic_checkpoint_to_hf_matches_our_logits(tiny_config, tmp
         assert (hf_model(tmp_path / 'hf')(tokens(SOURCE)).logits - trained(tokens(SOURCE))).abs().max() < 1e-5
 
 
+def test_init_from_alone_takes_the_architecture_from_the_hf_folder_and_trains(tiny_config, tmp_path):
+    from llmfoundry_ext.train import train
+    source_config = dataclasses.replace(SOURCE, norm_eps=1e-6, rope_low_freq_factor=2.0, rope_high_freq_factor=8.0)
+    source = hf_reference(tmp_path, source_config)
+    tiny_config['model'] = {'init_from': source}  # no preset, no architecture field
+    tiny_config.update(max_duration='2ba', parallelism={'fsdp': None}, scheduler=None,
+                       optimizer={'name': 'adamw', 'lr': 0.0, 'weight_decay': 0.0})
+    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    assert dataclasses.replace(config.model.llama(), attn_impl='auto') == source_config
+    trainer = train(config)
+    trained = trainer.state.model.model.eval()
+    assert trainer.state.timestamp.batch.value == 2
+    trainer.close()
+    with torch.no_grad():
+        difference = (hf_model(source)(tokens(SOURCE)).logits - trained(tokens(SOURCE))).abs().max()
+    assert difference < 1e-5
+
+
 def test_new_vocabulary_keeps_every_other_tensor(tiny_config, tmp_path):
     from llmfoundry_ext.build import build_model
     source = hf_reference(tmp_path, SOURCE)

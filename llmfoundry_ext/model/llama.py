@@ -79,6 +79,12 @@ PRESETS = {
 }
 
 
+# The fields that describe trained weights (their shapes and the positions they learned), as against how to run them.
+ARCHITECTURE = ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'norm_eps', 'rope_theta',
+                'rope_scaling_factor', 'rope_low_freq_factor', 'rope_high_freq_factor', 'rope_original_max_seq_len',
+                'tie_embeddings')
+
+
 def preset_fields(name: str) -> dict:
     """The named preset as a plain dict (for merging under YAML overrides)."""
     return asdict(PRESETS[name])
