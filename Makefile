@@ -2,18 +2,19 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
-INSTALLED := $(VENV)/.installed-$(shell cat setup.py | cksum | cut -d' ' -f1)
+INSTALLED := $(VENV)/.installed-$(shell cat setup.py overrides.txt | cksum | cut -d' ' -f1)
 RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1
 
 .PHONY: install demo test test-gpu clean-demo
 
 install: $(INSTALLED)
 
-# --no-cache-dir: the CUDA torch wheels are ~3 GB; caching them too doubled the disk a clean install needs.
-$(INSTALLED): setup.py
+# uv installs Composer and streaming on the PyTorch of overrides.txt (their stale torch pins overridden, nothing
+# else); --no-cache: the CUDA torch wheels are ~3 GB, and caching them too doubled the disk a clean install needs.
+$(INSTALLED): setup.py overrides.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip
-	$(BIN)/python -m pip install -q --no-cache-dir -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip uv
+	$(BIN)/uv pip install -q --no-cache --python $(BIN)/python --override overrides.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)

@@ -2,7 +2,7 @@
 from setuptools import find_packages, setup
 
 install_requires = [
-    'mosaicml>=0.32.1,<0.33',          # Composer; its own pins choose torch (2.7.0 today)
+    'mosaicml>=0.32.1,<0.33',          # Composer; its stale torch pin is overridden (overrides.txt, Makefile)
     'mosaicml-streaming>=0.13.0,<0.14',
     'transformers>=4.51',
     'tokenizers>=0.21',
@@ -16,7 +16,9 @@ install_requires = [
 ]
 
 extras_require = {
-    'gpu': ['flash-attn>=2.6', 'liger-kernel>=0.8.3', 'nvidia-ml-py>=12'],  # nvidia-ml-py: GPU utilisation
+    # wheels only: liger-kernel's fused kernels, torchao's float8, nvidia-ml-py for GPU utilisation
+    'gpu': ['liger-kernel>=0.8.3', 'torchao>=0.17', 'nvidia-ml-py>=12'],
+    'flash': ['flash-attn>=2.6'],  # built from source against the installed torch: README, Install
     'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml', 'moto[server]>=5'],  # moto: a local S3 for tests
 }
 

@@ -1,11 +1,13 @@
 """TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
 import os
+import sys
 
 import torch
 from composer import Trainer
 from composer.utils import dist
 
 from llmfoundry_ext import registry
+from llmfoundry_ext.callbacks.console_line import ConsoleLine
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
 from llmfoundry_ext.checkpoint import load_into, load_weights_folder
 from llmfoundry_ext.config import TrainConfig, eos_token_id, mask_token_id
@@ -58,6 +60,19 @@ def logger_defaults(config: TrainConfig) -> dict:
     return {'tensorboard': {'log_dir': os.path.join(config.checkpoint_folder or '.', 'tensorboard')}}
 
 
+def console_options(config: TrainConfig) -> dict:
+    """The Trainer's console arguments: our one line per interval, or Composer's dump; Composer's progress bar when
+    asked for, or by default when the console is a terminal."""
+    progress_bar = sys.stdout.isatty() if config.progress_bar is None else config.progress_bar
+    return {'progress_bar': progress_bar, 'log_to_console': config.console == 'full' and not progress_bar,
+            'console_log_interval': config.log_interval}
+
+
+def build_loggers(config: TrainConfig) -> list:
+    line = [ConsoleLine(config.log_interval)] if config.console == 'line' else []
+    return build_named('loggers', config.loggers, logger_defaults(config)) + line
+
+
 def build_collator(config: TrainConfig) -> Collator:
     objective = config.objective
     return Collator(
@@ -101,11 +116,9 @@ def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), 
         callbacks=[StopOnNonFiniteLoss(), *build_named('callbacks', config.callbacks), *parallelism_callbacks,
                    *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),
-        loggers=build_named('loggers', config.loggers, logger_defaults(config)),
+        loggers=build_loggers(config),
         autoresume=checkpoint.autoresume,
         load_path=checkpoint.load_path,
-        progress_bar=config.progress_bar,
-        log_to_console=not config.progress_bar,
-        console_log_interval=config.log_interval,
+        **console_options(config),
         seed=config.seed,
     )

@@ -132,7 +132,8 @@ class TrainConfig:
     eval_interval: str = '500ba'
     eval_subset_num_batches: int = -1
     log_interval: str = '1ba'
-    progress_bar: bool = True
+    console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
+    progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
 
     @property
     def device_batch_size(self) -> int:
@@ -294,6 +295,7 @@ def validate(config: TrainConfig) -> None:
                           'or checkpoint.autoresume=false')
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
+    check_console(config)
     check_checkpoint_paths(config)
     for split in ('train', 'eval'):
         loader = getattr(config.data, split)
@@ -447,6 +449,17 @@ def check_init_from(model: ModelConfig) -> None:
         if getattr(model, name) != getattr(source, name):
             raise ConfigError(f'model.{name}: {getattr(model, name)} but the weights in {model.init_from} have '
                               f'{getattr(source, name)}; set model.{name}={getattr(source, name)}')
+
+
+CONSOLES = ('line', 'full')
+
+
+def check_console(config: TrainConfig) -> None:
+    if config.console not in CONSOLES:
+        raise ConfigError(f"console: '{config.console}' is not one of {', '.join(CONSOLES)}")
+    if config.console == 'line' and not config.log_interval.endswith('ba'):
+        raise ConfigError(f'log_interval: {config.log_interval}: the console line is printed every so many batches; '
+                          f'give batches (e.g. 10ba) or set console=full')
 
 
 def check_duration(config: TrainConfig, key: str) -> None:
