@@ -1,5 +1,7 @@
 """Activation checkpointing inside the blocks: which blocks, what each mode recomputes, the same loss and gradients
 as without it (eager and compiled), and the FSDP2 bf16 input cast that broke Composer's wrapper (CPU)."""
+import contextlib
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,18 +44,19 @@ class CountMatmuls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def loss_grads_and_backward_matmuls(config, compile_blocks: bool = False):
-    """fp32 on the CPU: the loss, every gradient, and how many matmuls ran in the backward pass."""
+def loss_grads_and_backward_matmuls(config, count: bool = True):
+    """fp32 on the CPU: the loss, every gradient, and how many matmuls ran in the backward pass (None uncounted:
+    torch 2.11's compiled backward runs a higher-order op that a dispatch mode cannot pass through)."""
     torch.manual_seed(0)
     transformer = Transformer(TINY)
     parallelize(transformer, config)
     tokens = torch.randint(0, 97, (2, 32))
     logits = transformer(tokens)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(tokens, -1, 1).flatten())
-    counter = CountMatmuls()
-    with counter:
+    counter = CountMatmuls() if count else None
+    with counter or contextlib.nullcontext():
         loss.backward()
-    return loss.detach(), {name: p.grad for name, p in transformer.named_parameters()}, counter.count
+    return loss.detach(), {name: p.grad for name, p in transformer.named_parameters()}, counter and counter.count
 
 
 # Backward matmuls: 2 per linear (input and weight gradients), 7 linears a block, 2 blocks, plus the output layer's
@@ -77,7 +80,8 @@ def test_compiled_blocks_with_checkpointing_match_eager(tiny_config, tmp_path, m
     """Checkpointing inside the compiled block (inductor, here on the CPU): the loss and gradients of the eager
     model without checkpointing, within fp32 rounding."""
     expected_loss, expected_grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, 'none'))
-    loss, grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, compile_blocks=True))
+    loss, grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, compile_blocks=True),
+                                                     count=False)
     torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-5)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
