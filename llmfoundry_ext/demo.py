@@ -13,8 +13,8 @@ from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.plotting import plot_run
 
 DEMO_YAML = 'yamls/demo.yaml'
-VOCAB_SIZE = 8000
-QUEUE_LIMIT_BATCHES = 60  # the first run stops here, as a job at its queue limit would
+VOCAB_SIZE = 2048
+QUEUE_LIMIT_BATCHES = 150  # the first run stops here, as a job at its queue limit would
 
 
 def prepare_data(root: str, window: int) -> None:
@@ -74,10 +74,11 @@ def main() -> int:
     return 0
 
 
-def loss_curve(run_folder: str, block: int = 20) -> str:
-    """Rank 0's mean loss per block of batches, over every invocation of the run (from its sample ledger)."""
+def loss_curve(run_folder: str, points: int = 10) -> str:
+    """Rank 0's mean loss per tenth of the batches, over every invocation of the run (from its sample ledger)."""
     ledger = read_ledger(os.path.join(run_folder, 'ledger-rank0.jsonl'))
     batches = sorted(ledger)
+    block = max(1, len(batches) // points)
     blocks = [batches[i:i + block] for i in range(0, len(batches), block)]
     means = [f'{part[0]}-{part[-1]}: {sum(ledger[b]["loss"] for b in part) / len(part):.2f}' for part in blocks]
     return f'\nloss (rank 0, mean per {block} batches)  ' + ' | '.join(means)

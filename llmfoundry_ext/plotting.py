@@ -22,21 +22,22 @@ def read_scalars(run_folder: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
-    """Write the PNG; returns how many points each panel drew (panels whose metric was not logged are empty)."""
+    """Write the PNG, a panel for each of PANELS' metrics the run logged (MFU only on GPUs); returns how many points
+    each panel drew."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     scalars = read_scalars(run_folder)
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 3.6))
+    panels = [(tag, title) for tag, title in PANELS if scalars.get(tag)]
+    if not panels:
+        raise ValueError(f"{run_folder}: none of {', '.join(tag for tag, _ in PANELS)} was logged")
+    figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     drawn = {}
-    for axis, (tag, title) in zip(axes, PANELS):
-        points = scalars.get(tag, [])
-        if points:
-            steps, values = zip(*points)
-            axis.plot([s + 1 for s in steps], values)
-        else:
-            axis.text(0.5, 0.5, 'not logged', ha='center', va='center', transform=axis.transAxes)
+    for axis, (tag, title) in zip(axes[0], panels):
+        points = scalars[tag]
+        steps, values = zip(*points)
+        axis.plot([s + 1 for s in steps], values)
         axis.set(title=title, xlabel='batch')
         axis.grid(alpha=0.3)
         drawn[tag] = len(points)
