@@ -10,18 +10,20 @@ RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1
 install: $(INSTALLED)
 
 # uv installs Composer and streaming on the PyTorch of overrides.txt (their stale torch pins overridden, nothing
-# else); --no-cache: the CUDA torch wheels are ~3 GB, and caching them too doubled the disk a clean install needs.
+# else); --compile-bytecode: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE set (as here) every
+# import compiled its sources again (composer took 14 s to import); --no-cache: the CUDA torch wheels are ~3 GB,
+# and caching them too doubled the disk a clean install needs.
 $(INSTALLED): setup.py overrides.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip uv
-	$(BIN)/uv pip install -q --no-cache --python $(BIN)/python --override overrides.txt -e '.[dev]'
+	$(BIN)/uv pip install -q --no-cache --compile-bytecode --python $(BIN)/python --override overrides.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)
 	$(RUN) $(BIN)/python scripts/demo.py
 
-test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU)
-	$(RUN) $(BIN)/python -m pytest -q tests
+test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU), two tests at a time (pytest-xdist)
+	$(RUN) $(BIN)/python -m pytest -q -n 2 tests
 
 # On the GPU machines, with their own torch and the carried wheels: make test-gpu TEST_PYTHON=python3
 TEST_PYTHON ?= $(BIN)/python

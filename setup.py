@@ -19,7 +19,8 @@ extras_require = {
     # wheels only: liger-kernel's fused kernels, torchao's float8, nvidia-ml-py for GPU utilisation
     'gpu': ['liger-kernel>=0.8.3', 'torchao>=0.17', 'nvidia-ml-py>=12'],
     'flash': ['flash-attn>=2.6'],  # built from source against the installed torch: README, Install
-    'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pyyaml', 'moto[server]>=5'],  # moto: a local S3 for tests
+    # moto: a local S3 for tests; xdist: make test runs two tests at a time (most wait on process start-up)
+    'dev': ['pytest>=8', 'pytest-timeout>=2.3', 'pytest-xdist>=3.5', 'pyyaml', 'moto[server]>=5'],
 }
 
 setup(

@@ -2,9 +2,9 @@
 moment (odd trials inside a checkpoint write), re-run with the same command until it finishes, and every
 rank's ledger (per batch: loss and sample ids) compared with an uninterrupted run's.
 
-To land inside a write, the runs' processes get a ``sitecustomize`` (on their PYTHONPATH only) that sleeps after each
-item torch.distributed.checkpoint writes: a checkpoint then takes about a second to write, and a kill while its
-folder has no ``.metadata`` yet is a kill inside the write.
+To land inside a write, the processes of the run to be killed get a ``sitecustomize`` (on their PYTHONPATH only) that
+sleeps after each item torch.distributed.checkpoint writes: a checkpoint then takes about a second to write, and a
+kill while its folder has no ``.metadata`` yet is a kill inside the write. The other runs write at full speed.
 """
 import json
 import os
@@ -87,15 +87,17 @@ class Runner:
             file.write(SLOW_WRITES)
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.repo = repo
-        self.env = {**os.environ, 'OMP_NUM_THREADS': '1', 'CHAOS_WRITE_DELAY': str(write_delay),
+        self.write_delay = write_delay
+        self.env = {**os.environ, 'OMP_NUM_THREADS': '1',
                     'PYTHONPATH': os.pathsep.join([hooks, repo, os.environ.get('PYTHONPATH', '')])}
         launcher = os.path.join(os.path.dirname(sys.executable), 'composer')
         self.composer = launcher if os.path.exists(launcher) else 'composer'
 
-    def start(self, name: str) -> subprocess.Popen:
+    def start(self, name: str, slow_writes: bool = False) -> subprocess.Popen:
         log = open(os.path.join(self.folder, f'{name}.log'), 'a')
         return subprocess.Popen([self.composer, '-n', str(RANKS), 'train.py', self.yaml_path, f'run_name={name}'],
-                                cwd=self.repo, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=self.repo, stdout=log, stderr=subprocess.STDOUT,
+                                env={**self.env, 'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
                                 start_new_session=True)
 
     def finish(self, name: str, attempts: int = 3) -> None:
@@ -129,7 +131,7 @@ def kill(runner: Runner, name: str, inside_write: bool, rng: random.Random) -> t
     Returns the last batch rank 0 recorded and the checkpoint being written at the kill ('' if none)."""
     ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
     target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
-    process = runner.start(name)
+    process = runner.start(name, slow_writes=True)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and process.poll() is None:
         in_progress = writing(runner.checkpoints(name))
