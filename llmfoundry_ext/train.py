@@ -115,12 +115,13 @@ def to_text(value) -> str:
 
 def start_summary(config: TrainConfig, trainer) -> str:
     """What this run is, in the numbers a user checks first; says whether it resumed."""
+    from llmfoundry_ext.callbacks.console_line import total_batches
     from llmfoundry_ext.model.attention import choose_backend
     from llmfoundry_ext.parallelism import describe_checkpointing
 
     state = trainer.state
     model = config.model
-    batches = int(state.max_duration.value) if state.max_duration.unit.name == 'BATCH' else None
+    batches = total_batches(state)
     resumed = int(state.timestamp.batch)
     lines = [
         f'run {config.run_name}: Llama preset {model.preset} ({model.llama().num_params():,} parameters, '

@@ -55,8 +55,8 @@ def loss_rows(config: LlamaConfig, tokens: int, chunk_consts: list[int]) -> list
     baseline = torch.cuda.memory_allocated()
     rows = []
     for name, fn in variants.items():
-        ms = cuda_ms(fn)
-        rows.append({'part': 'loss', 'variant': name, 'ms': round(ms, 2), 'peak_gib': round(peak_gib_above(fn, baseline), 2)})
+        rows.append({'part': 'loss', 'variant': name, 'ms': round(cuda_ms(fn), 2),
+                     'peak_gib': round(peak_gib_above(fn, baseline), 2)})
         hidden.grad = weight.grad = None
     return rows
 

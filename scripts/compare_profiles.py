@@ -3,8 +3,8 @@
   python scripts/compare_profiles.py ours=trace.json torchtitan=rank0_trace.json [--kernels N] [--json table.json]
 
 Each trace is a torch.profiler Chrome trace whose profiled steps are ProfilerStep#N ranges: those of
-scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json). --kernels N also lists each
-trace's N kernels with the most time per step.
+scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json).
+--kernels N also lists each trace's N kernels with the most time per step.
 """
 import argparse
 import json

@@ -13,9 +13,8 @@ TOKENS_PER_SECOND, MFU, PEAK_MEMORY = 'throughput/device/tokens_per_sec', 'throu
 
 
 class ConsoleLine(LoggerDestination):
-    """Every ``interval`` batches (and at the last), rank 0 prints e.g.
-
-    ``batch 120/2000  loss 3.412  lr 3.00e-04  9,542 tokens/s/GPU  MFU 55.9%  peak 97.2 GB  0:14:32 elapsed, 3:41:10 left``
+    """Every ``interval`` batches (and at the last), rank 0 prints e.g. ``batch 120/2000  loss 3.412  lr 3.00e-04
+    9,542 tokens/s/GPU  MFU 55.9%  peak 97.2 GB  0:14:32 elapsed, 3:41:10 left`` (one line).
 
     tokens/s/GPU and MFU are the speed monitor's where it logs them, else tokens/s/GPU over the interval; the time
     left is the interval's time per batch times the batches left. Evaluations get a line of their own."""
