@@ -11,6 +11,7 @@
 #                                               local batch 2, ours beside torchtitan's (compiled)
 #   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
 #                                               (as bench-8b's; default none)
+#   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
@@ -72,13 +73,18 @@ bench_8b() {  # modes (none selective full float8): the 8B as shipped beside tor
   python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
 }
 
-profile() {  # flavor local-batch yaml mode: ours (scripts/profile_run.py) beside torchtitan, the same steps profiled
-  local flavor=$1 lbs=$2 yaml=$3 mode=$4 name=$1-b$2-$4
+profile() {  # flavor local-batch yaml mode [ours]: ours (scripts/profile_run.py) beside torchtitan (or ours alone),
+  # the same steps profiled
+  local flavor=$1 lbs=$2 yaml=$3 mode=$4 name=$1-b$2-$4 traces=()
   composer -n "$GPUS" scripts/profile_run.py "$yaml" "global_batch_size=$((lbs * GPUS))" \
-    "device_microbatch_size=$lbs" ${OURS[$mode]} --warmup 7 --steps 3 --trace "/tmp/ours-$name.json" 2>&1 | tail -14
-  titan_profile "$flavor" "$lbs" "${TITAN[$mode]}"
-  python3 scripts/compare_profiles.py "ours=/tmp/ours-$name.json" \
-    "torchtitan=/tmp/titan-$flavor-b$lbs-${TITAN[$mode]}.json" --kernels 25 --json "$OUT/profile-$name.json"
+    "device_microbatch_size=$lbs" ${OURS[$mode]} --warmup 7 --steps 3 --trace "/tmp/ours-$name.json" --syncs 2>&1 |
+    grep -v Warning | tail -45
+  traces=("ours=/tmp/ours-$name.json")
+  if [ -z "${5:-}" ]; then
+    titan_profile "$flavor" "$lbs" "${TITAN[$mode]}"
+    traces+=("torchtitan=/tmp/titan-$flavor-b$lbs-${TITAN[$mode]}.json")
+  fi
+  python3 scripts/compare_profiles.py "${traces[@]}" --kernels 30 --gaps 12 --json "$OUT/profile-$name.json"
 }
 
 case "${1:-}" in
@@ -97,6 +103,7 @@ case "${1:-}" in
       --versus ours-b4-compiled-ce:titan-b4 ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
+  profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   *) sed -n 2,10p "$0"; exit 2 ;;

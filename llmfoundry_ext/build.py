@@ -3,7 +3,6 @@ import os
 import sys
 
 import torch
-from composer import Trainer
 from composer.utils import dist
 
 from llmfoundry_ext import registry
@@ -17,6 +16,7 @@ from llmfoundry_ext.model.composer_model import LlamaLM
 from llmfoundry_ext.model.llama import Transformer
 from llmfoundry_ext.parallelism import composer_parallelism, parallelize
 from llmfoundry_ext.resumption import SealedCheckpointSaver
+from llmfoundry_ext.trainer import Trainer
 
 
 def build_model(config: TrainConfig) -> tuple[LlamaLM, list]:

@@ -5,6 +5,8 @@ Kernels (GPU) or operators (CPU) are grouped into categories by name, each with 
 import collections
 import json
 import re
+import traceback
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +80,8 @@ class TraceSummary:
     busy_ms: float  # time at least one kernel or copy ran
     span_ms: float  # first GPU event's start to last one's end
     steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
+    gaps: list[dict]  # idle stretches, longest first: {ms, after: the kernel that ended, before: the next one,
+    #                   launched_in: the CPU ranges, outermost first, around the launch of the next one}
 
 
 def read_trace(path: str) -> TraceSummary:
@@ -86,15 +90,37 @@ def read_trace(path: str) -> TraceSummary:
         events = [e for e in json.load(file)['traceEvents'] if e.get('ph') == 'X']
     gpu = sorted((e for e in events if e.get('cat') in GPU_EVENTS), key=lambda e: e['ts'])
     kernels: dict[str, float] = collections.defaultdict(float)
-    busy, covered_to = 0.0, float('-inf')
+    busy, covered_to, last, gaps = 0.0, float('-inf'), None, []
     for event in gpu:
         kernels[event['name']] += event['dur'] / 1000
         start, end = event['ts'], event['ts'] + event['dur']
         busy += max(0.0, end - max(start, covered_to))
-        covered_to = max(covered_to, end)
+        if last is not None and start > covered_to:
+            gaps.append(({'ms': (start - covered_to) / 1000, 'after': last, 'before': event['name']}, event))
+        if end >= covered_to:
+            covered_to, last = end, event['name']
     steps = {e['name'] for e in events if e['name'].startswith('ProfilerStep#')}
     span = (covered_to - gpu[0]['ts']) / 1000 if gpu else 0.0
-    return TraceSummary(dict(kernels), busy / 1000, span, len(steps))
+    gaps.sort(key=lambda gap: -gap[0]['ms'])
+    launches = {e['args']['correlation']: e for e in events
+                if e.get('cat') in LAUNCH_EVENTS and 'correlation' in e.get('args', {})}
+    for gap, kernel in gaps[:GAPS_TRACED]:
+        gap['launched_in'] = launch_context(events, launches.get(kernel.get('args', {}).get('correlation')))
+    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, _ in gaps])
+
+
+LAUNCH_EVENTS = ('cuda_runtime', 'cuda_driver')  # the CPU-side calls that launch GPU work
+GAPS_TRACED = 20  # the longest idle stretches whose launch context is looked up (a scan of the trace each)
+
+
+def launch_context(events: list[dict], launch: dict | None) -> str:
+    """The CPU ranges (operators, annotations) around a launch on its thread, outermost first: the code whose
+    work ended an idle stretch. Empty without the launch (a copy or a trace without CPU events)."""
+    if launch is None:
+        return ''
+    around = [e for e in events if e.get('cat') in ('cpu_op', 'user_annotation') and e.get('tid') == launch.get('tid')
+              and e['ts'] <= launch['ts'] <= e['ts'] + e['dur'] and not e['name'].startswith('ProfilerStep#')]
+    return ' > '.join(e['name'] for e in sorted(around, key=lambda e: (e['ts'], -e['dur'])))
 
 
 def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
@@ -200,3 +226,41 @@ def random_windows(count: int, window: int, vocab: int, eos: int, mean_document_
             ends = np.cumsum(rng.geometric(1 / mean_document_tokens, window)) - 1
             tokens[ends[ends < window]] = eos
         yield tokens
+
+
+class SyncReport(Callback):
+    """Lists where batch ``batch`` (counted from 0 in this invocation) made the host wait for the GPU: each
+    synchronizing CUDA call (``.item()``, ``torch.equal``, a blocking copy; torch's sync debug mode) with the
+    last frames of its Python stack, and how often it ran. A sync leaves the GPU idle while the host then
+    launches the next work, so a step without any keeps the GPU fed."""
+
+    FRAMES = 4  # innermost Python frames kept per call site
+
+    def __init__(self, batch: int):
+        self.batch, self.seen, self.sites, self.caught = batch, 0, collections.Counter(), None
+
+    def batch_start(self, state: State, logger: Logger) -> None:
+        if self.seen == self.batch and torch.cuda.is_available():
+            self.caught = warnings.catch_warnings()
+            self.caught.__enter__()
+            warnings.simplefilter('always')
+            warnings.showwarning = self.record
+            torch.cuda.set_sync_debug_mode('warn')
+
+    def record(self, message, category, filename, lineno, file=None, line=None) -> None:
+        if 'synchronizing' in str(message):
+            stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith('warnings.py')]
+            frames = reversed(stack[-self.FRAMES:])
+            self.sites[' < '.join(f'{f.name} ({f.filename.rsplit("/", 1)[-1]}:{f.lineno})' for f in frames)] += 1
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.caught is not None:
+            torch.cuda.set_sync_debug_mode(0)
+            self.caught.__exit__(None, None, None)
+            self.caught = None
+        self.seen += 1
+
+    def report(self) -> str:
+        lines = [f'host syncs in batch {self.batch}: {sum(self.sites.values())}']
+        lines += [f'{count:>4}x  {site}' for site, count in self.sites.most_common()]
+        return '\n'.join(lines)

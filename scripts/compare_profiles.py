@@ -4,7 +4,8 @@
 
 Each trace is a torch.profiler Chrome trace whose profiled steps are ProfilerStep#N ranges: those of
 scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json).
---kernels N also lists each trace's N kernels with the most time per step.
+--kernels N also lists each trace's N kernels with the most time per step, --gaps N its N longest idle stretches
+(the GPU waiting on the host: a sync, a slow launch) with the kernels either side.
 """
 import argparse
 import json
@@ -17,6 +18,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('traces', nargs='+', metavar='NAME=TRACE')
     parser.add_argument('--kernels', type=int, default=0, metavar='N', help="list each trace's top N kernels")
+    parser.add_argument('--gaps', type=int, default=0, metavar='N', help="list each trace's N longest idle stretches")
     parser.add_argument('--json', help='also write the table here')
     args = parser.parse_args(argv)
     summaries = {}
@@ -35,10 +37,17 @@ def main(argv: list[str]) -> int:
     for name, ranked in kernels.items():
         print(f'{name}: top {args.kernels} kernels, ms per step')
         print('\n'.join(f"{k['ms']:>9.2f}  {k['category']:<14} {k['kernel'][:150]}" for k in ranked))
+    gaps = {name: s.gaps[:args.gaps] for name, s in summaries.items()} if args.gaps else {}
+    for name, longest in gaps.items():
+        print(f'{name}: {args.gaps} longest idle stretches of {summaries[name].steps} steps, ms')
+        for gap in longest:
+            print(f"{gap['ms']:>9.2f}  after {gap['after'][:70]}  before {gap['before'][:70]}")
+            if gap.get('launched_in'):
+                print(f"           launched in {gap['launched_in'][-200:]}")
     if args.json:
         with open(args.json, 'w') as file:
-            json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows, 'kernels': kernels},
-                      file, indent=2)
+            json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows, 'kernels': kernels,
+                       'gaps': gaps}, file, indent=2)
     return 0
 
 

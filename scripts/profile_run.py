@@ -1,11 +1,12 @@
 """Profile a few training steps of a run and print where the time goes, by kernel category.
 
   python scripts/profile_run.py yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1 \
-      [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json]
+      [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json] [--syncs]
 
 The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's). Writes a
 Chrome/Perfetto trace (open in ui.perfetto.dev) and prints the category table (GPU kernels on a GPU, CPU
-operators otherwise). (Not named profile.py: in scripts/ that would shadow Python's own ``profile``
+operators otherwise); --syncs also lists where the last warm-up batch made the host wait for the GPU.
+(Not named profile.py: in scripts/ that would shadow Python's own ``profile``
 module for every script there.) Launch with `composer -n N scripts/profile_run.py ...` for several GPUs.
 """
 import argparse
@@ -16,7 +17,8 @@ import sys
 import tempfile
 
 from llmfoundry_ext.config import ConfigError, load
-from llmfoundry_ext.profiling import ProfileSteps, category_table, format_table, self_times, synthetic_run_yaml
+from llmfoundry_ext.profiling import (ProfileSteps, SyncReport, category_table, format_table, self_times,
+                                      synthetic_run_yaml)
 
 
 def main(argv: list[str]) -> int:
@@ -27,12 +29,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--steps', type=int, default=3)
     parser.add_argument('--trace', default='trace.json')
     parser.add_argument('--json', help='also write the table here')
+    parser.add_argument('--syncs', action='store_true', help="list the last warm-up batch's host syncs")
     args = parser.parse_args(argv)
     from composer.utils import dist, get_device
     dist.initialize_dist(get_device(None))
     folder = shared_folder()
     try:
-        profiler = profile_synthetic_run(args, folder)
+        profiler, syncs = profile_synthetic_run(args, folder)
     finally:
         dist.barrier()
         if dist.get_local_rank() == 0:
@@ -40,6 +43,8 @@ def main(argv: list[str]) -> int:
     if profiler is None:
         return 2
     if dist.get_global_rank() == 0:
+        if syncs is not None:
+            print(syncs.report())
         profiler.profile.export_chrome_trace(args.trace)
         rows = category_table(self_times(profiler.profile))
         print(f'\n{args.yaml}: {args.steps} profiled steps after {args.warmup} warm-up; trace in {args.trace}')
@@ -51,9 +56,10 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def profile_synthetic_run(args: argparse.Namespace, folder: str) -> ProfileSteps | None:
+def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[ProfileSteps | None, SyncReport | None]:
     """Train the YAML on random tokens written into ``folder`` (by each node's local rank 0), profiling the
-    chosen steps; None after a configuration error (printed once per node)."""
+    chosen steps (and with ``--syncs`` listing the last warm-up step's host syncs); None after a configuration
+    error (printed once per node)."""
     from composer.utils import dist
 
     from llmfoundry_ext.train import train
@@ -71,10 +77,11 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> ProfileSteps
     if error is not None:
         if dist.get_local_rank() == 0:
             print(f'config error: {error}', file=sys.stderr)
-        return None
+        return None, None
     profiler = ProfileSteps(args.warmup, args.steps)
-    train(config, extra_callbacks=[profiler]).close()
-    return profiler
+    syncs = SyncReport(args.warmup - 1) if args.syncs else None
+    train(config, extra_callbacks=[profiler] + ([syncs] if syncs else [])).close()
+    return profiler, syncs
 
 
 def shared_folder() -> str:

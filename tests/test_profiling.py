@@ -4,10 +4,12 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
+import torch
 
-from llmfoundry_ext.profiling import categorize, category_table, compare_traces, read_trace, top_kernels
+from llmfoundry_ext.profiling import SyncReport, categorize, category_table, compare_traces, read_trace, top_kernels
 from tests.conftest import COMPOSER, REPO
 
 
@@ -71,6 +73,23 @@ def test_read_trace_counts_overlapping_streams_once(tmp_path):
     summary = read_trace(trace)
     assert summary.kernels == {'nvjet_gemm': 5.0, 'ncclDevKernel_AllGather': 4.0, 'Memcpy HtoD': 1.0}
     assert (summary.busy_ms, summary.span_ms, summary.steps) == (8.0, 11.0, 2)
+    assert summary.gaps == [
+        {'ms': 2.0, 'after': 'ncclDevKernel_AllGather', 'before': 'Memcpy HtoD', 'launched_in': ''},
+        {'ms': 1.0, 'after': 'Memcpy HtoD', 'before': 'nvjet_gemm', 'launched_in': ''}]
+
+
+def test_read_trace_names_the_cpu_code_that_ended_each_idle_stretch(tmp_path):
+    cpu = [('user_annotation', 'Optimizer.step#AdamW.step', 3000, 1000, 1),
+           ('cpu_op', 'aten::_fused_adamw_', 3300, 200, 1), ('cpu_op', 'aten::mm', 3000, 1000, 2),
+           ('cuda_runtime', 'cudaLaunchKernel', 3400, 10, 1)]
+    events = [{'ph': 'X', 'cat': 'user_annotation', 'name': 'ProfilerStep#0', 'ts': 0, 'dur': 9000, 'tid': 1}]
+    events += [{'ph': 'X', 'cat': cat, 'name': name, 'ts': ts, 'dur': dur, 'tid': tid, 'args': {'correlation': 7}}
+               for cat, name, ts, dur, tid in cpu]
+    events += [{'ph': 'X', 'cat': 'kernel', 'name': 'norm', 'ts': 0, 'dur': 1000, 'args': {'correlation': 6}},
+               {'ph': 'X', 'cat': 'kernel', 'name': 'adam', 'ts': 3500, 'dur': 100, 'args': {'correlation': 7}}]
+    (tmp_path / 't.json').write_text(json.dumps({'traceEvents': events}))
+    assert read_trace(str(tmp_path / 't.json')).gaps == [{
+        'ms': 2.5, 'after': 'norm', 'before': 'adam', 'launched_in': 'Optimizer.step#AdamW.step > aten::_fused_adamw_'}]
 
 
 def test_compare_traces_per_step(tmp_path):
@@ -95,8 +114,33 @@ def test_compare_profiles_script(tmp_path, capsys):
     assert main([f'ours={ours}', '--kernels', '1']) == 0
     assert capsys.readouterr().out.splitlines()[-2:] == ['ours: top 1 kernels, ms per step',
                                                          '     3.00  GEMM           nvjet_gemm']
+    gapped = write_trace(tmp_path / 'g.json', 1, [('kernel', 'nvjet_gemm', 0, 1000),
+                                                  ('kernel', 'flash_fwd', 3500, 10)])
+    assert main([f'ours={gapped}', '--gaps', '1']) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ['ours: 1 longest idle stretches of 1 steps, ms',
+                                                         '     2.50  after nvjet_gemm  before flash_fwd']
     bare = tmp_path / 'bare.json'
     bare.write_text(json.dumps({'traceEvents': [{'ph': 'X', 'cat': 'kernel', 'name': 'k', 'ts': 0, 'dur': 1}]}))
     assert main([f'x={bare}']) == 2
     assert capsys.readouterr().err.strip() == (f'error: {bare} has no ProfilerStep#N ranges: profile it with '
                                                "scripts/profile_run.py or torchtitan's profiler")
+
+
+def item_on_the_host():
+    warnings.warn('called a synchronizing CUDA operation')  # what torch's sync debug mode says
+
+
+@pytest.mark.filterwarnings('ignore:called a synchronizing')
+def test_sync_report_counts_each_call_site_of_its_batch(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'set_sync_debug_mode', lambda mode: None)
+    report = SyncReport(batch=1)
+    for _ in range(3):
+        report.batch_start(None, None)
+        for _ in range(2):
+            item_on_the_host()
+        report.batch_end(None, None)
+    lines = report.report().splitlines()
+    assert lines[0] == 'host syncs in batch 1: 2'
+    assert len(lines) == 2 and lines[1].startswith('   2x  item_on_the_host (test_profiling.py:')
+    assert ' < test_sync_report_counts_each_call_site_of_its_batch (test_profiling.py:' in lines[1]

@@ -59,6 +59,26 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor)
 
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """mean over labels != -100 of CE(hidden @ weight.T, labels), without materialising the logits."""
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
-    return liger_fused_linear_cross_entropy(hidden.flatten(0, 1), weight, labels.flatten(), ignore_index=-100,
-                                           chunk_mem_const=CROSS_ENTROPY_CHUNK_MEMORY)
+    return LinearCrossEntropy.apply(hidden.flatten(0, 1), weight, labels.flatten())
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """liger's chunked output layer + loss, whose forward also computes the gradients of ``hidden`` and ``weight``;
+    the backward scales them by the incoming gradient on the GPU. liger's own backward first compares that gradient
+    with 1.0 on the host (``torch.equal``), a sync that left the GPU idle ~3 ms at the start of every backward of the
+    8B on 2 H200s while the CPU started the backward (scripts/profile_run.py's idle stretches)."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type='cuda')
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
+        loss, *_, grad_hidden, grad_weight, _ = fused_linear_cross_entropy_forward(
+            hidden, weight, labels, ignore_index=-100, chunk_mem_const=CROSS_ENTROPY_CHUNK_MEMORY)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type='cuda')
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors  # scaled in place: this backward runs once
+        return grad_hidden.mul_(grad_loss), None if grad_weight is None else grad_weight.mul_(grad_loss), None

@@ -71,7 +71,9 @@ TINY = dict(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, ffn_dim=512, vocab_siz
             rope_theta=10000.0, rope_scaling_factor=1.0)
 
 
-def loss_and_grads(config: LlamaConfig, state: dict, tokens, labels, compile_blocks: bool = False):
+def loss_and_grads(config: LlamaConfig, state: dict, tokens, labels, compile_blocks: bool = False,
+                   loss_scale: float = 1.0):
+    """The loss and the parameters' gradients of ``loss * loss_scale`` (Composer scales each micro-batch's loss)."""
     torch.manual_seed(0)
     transformer = Transformer(config).cuda()
     transformer.load_state_dict(state)
@@ -83,15 +85,16 @@ def loss_and_grads(config: LlamaConfig, state: dict, tokens, labels, compile_blo
     else:
         logits = transformer(tokens)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-    loss.backward()
+    (loss * loss_scale).backward()
     return loss.detach(), {name: p.grad for name, p in transformer.named_parameters()}
 
 
-@pytest.mark.parametrize('fused, compile_blocks', [
-    (['cross_entropy'], False), (['rms_norm'], False), (['swiglu'], False), (['rope'], False),
-    (['cross_entropy', 'rms_norm', 'swiglu', 'rope'], False), ([], True)],
-    ids=['cross_entropy', 'rms_norm', 'swiglu', 'rope', 'all_fused', 'compiled'])
-def test_fused_kernels_and_compile_match_the_plain_model(fused, compile_blocks):
+@pytest.mark.parametrize('fused, compile_blocks, loss_scale', [
+    (['cross_entropy'], False, 1.0), (['cross_entropy'], False, 0.25), (['rms_norm'], False, 1.0),
+    (['swiglu'], False, 1.0), (['rope'], False, 1.0), (['cross_entropy', 'rms_norm', 'swiglu', 'rope'], False, 1.0),
+    ([], True, 1.0)],
+    ids=['cross_entropy', 'cross_entropy_scaled', 'rms_norm', 'swiglu', 'rope', 'all_fused', 'compiled'])
+def test_fused_kernels_and_compile_match_the_plain_model(fused, compile_blocks, loss_scale):
     """fp32: the loss and every gradient equal the plain model's within float rounding."""
     if fused and not has_module('liger_kernel'):
         pytest.skip('liger-kernel not installed')
@@ -100,8 +103,31 @@ def test_fused_kernels_and_compile_match_the_plain_model(fused, compile_blocks):
     state = Transformer(plain).state_dict()
     tokens = torch.randint(0, 1000, (2, 512), device='cuda')
     labels = torch.roll(tokens, -1, dims=1)
-    expected_loss, expected_grads = loss_and_grads(plain, state, tokens, labels)
-    loss, grads = loss_and_grads(LlamaConfig(**TINY, fused_kernels=fused), state, tokens, labels, compile_blocks)
+    expected_loss, expected_grads = loss_and_grads(plain, state, tokens, labels, loss_scale=loss_scale)
+    loss, grads = loss_and_grads(LlamaConfig(**TINY, fused_kernels=fused), state, tokens, labels, compile_blocks,
+                                 loss_scale)
     torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_fused_cross_entropy_backward_does_not_wait_for_the_gpu():
+    """liger's own backward read its incoming gradient on the host; ours scales it on the GPU (no sync)."""
+    if not has_module('liger_kernel'):
+        pytest.skip('liger-kernel not installed')
+    from llmfoundry_ext.model import fused
+    hidden = (torch.randn(2, 512, 256, device='cuda') * 0.1).requires_grad_()
+    weight = (torch.randn(1000, 256, device='cuda') * 0.1).requires_grad_()
+    labels = torch.randint(0, 1000, (2, 512), device='cuda')
+    loss = fused.linear_cross_entropy(hidden, weight, labels) * 0.5
+    torch.cuda.set_sync_debug_mode('error')
+    try:
+        loss.backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    plain_hidden, plain_weight = (t.detach().clone().requires_grad_() for t in (hidden, weight))
+    expected = torch.nn.functional.cross_entropy((plain_hidden @ plain_weight.T).flatten(0, 1), labels.flatten()) * 0.5
+    expected.backward()
+    torch.testing.assert_close(loss.detach(), expected.detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden.grad, plain_hidden.grad, atol=1e-5, rtol=1e-3)
+    torch.testing.assert_close(weight.grad, plain_weight.grad, atol=1e-5, rtol=1e-3)
