@@ -248,8 +248,8 @@ class SyncReport(Callback):
             torch.cuda.set_sync_debug_mode('warn')
 
     def record(self, message, category, filename, lineno, file=None, line=None) -> None:
-        if 'synchronizing' in str(message):
-            stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith('warnings.py')]
+        stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith('warnings.py')]
+        if 'synchronizing' in str(message) and stack[-1].name != 'set_sync_debug_mode':  # not turning it on
             frames = reversed(stack[-self.FRAMES:])
             self.sites[' < '.join(f'{f.name} ({f.filename.rsplit("/", 1)[-1]}:{f.lineno})' for f in frames)] += 1
 

@@ -133,7 +133,11 @@ def item_on_the_host():
 @pytest.mark.filterwarnings('ignore:called a synchronizing')
 def test_sync_report_counts_each_call_site_of_its_batch(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(torch.cuda, 'set_sync_debug_mode', lambda mode: None)
+
+    def set_sync_debug_mode(mode):  # turning the mode on warns too: not a sync of the batch
+        warnings.warn('called a synchronizing CUDA operation')
+
+    monkeypatch.setattr(torch.cuda, 'set_sync_debug_mode', set_sync_debug_mode)
     report = SyncReport(batch=1)
     for _ in range(3):
         report.batch_start(None, None)
