@@ -12,7 +12,7 @@ def test_the_optimizer_steps_after_the_backward_not_from_a_closure(tiny_config, 
     closures = []
     step = DecoupledAdamW.step
     monkeypatch.setattr(DecoupledAdamW, 'step', lambda self, closure=None: closures.append(closure) or step(self))
-    tiny_config.update(max_duration='2ba', checkpoint={'save_folder': None, 'autoresume': False})
+    tiny_config.update(max_duration='2ba', checkpoint={'save_folder': None, 'autoresume': False}, loggers={})
     trainer = build_trainer(load(write_yaml(tiny_config, tmp_path / 'run.yaml')))
     trainer.fit()
     trainer.close()
