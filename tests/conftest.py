@@ -68,6 +68,13 @@ def tiny_config(tiny_streams, tmp_path) -> dict:
     }
 
 
+@pytest.fixture
+def launched_alone(monkeypatch):
+    """The environment Composer's launcher gives the one process of a one-process run."""
+    for name in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'NODE_RANK'):
+        monkeypatch.setenv(name, '1' if 'SIZE' in name else '0')
+
+
 @pytest.fixture(scope='module')
 def one_process_group():
     """A default process group of this one process (gloo, or NCCL on a GPU) for FSDP2 without a launcher; an

@@ -117,15 +117,13 @@ def test_checkpointing_inside_fsdp2_units_recomputes_with_the_bf16_cast_inputs(t
     assert all(torch.equal(grads[name], grad) for name, grad in expected.items())
 
 
-def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, monkeypatch):
+def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, launched_alone):
     """Each block is a unit; untied embeddings and output layer are units of their own (the output layer kept
     gathered after its forward); tied, they stay with the root. The output layer's fused loss goes through its
     call, so its unit is gathered for it."""
     from torch.distributed.fsdp import FSDPModule
 
     from llmfoundry_ext.build import build_trainer
-    for name in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'NODE_RANK'):  # what Composer's launcher sets
-        monkeypatch.setenv(name, '1' if 'SIZE' in name else '0')
     tiny_config['model']['tie_embeddings'] = False
     trainer = build_trainer(load(write_yaml(tiny_config, tmp_path / 'untied.yaml')))
     transformer = trainer.state.model.model
