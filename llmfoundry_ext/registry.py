@@ -1,4 +1,5 @@
-"""YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours.
+"""YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours
+(gradient_clipping: Composer's, folded into a fused optimizer's step).
 
 A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
 misspelt name or argument is one line naming it and the nearest valid choice.
@@ -11,6 +12,7 @@ from composer import algorithms, callbacks, loggers, optim
 from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
 from llmfoundry_ext.callbacks.step_monitor import StepMonitor
 from llmfoundry_ext.callbacks.stop_after import StopAfter
+from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.config import ConfigError, suggest
 
 CALLBACKS = {
@@ -31,7 +33,7 @@ CALLBACKS = {
     'step_monitor': StepMonitor,
 }
 ALGORITHMS = {
-    'gradient_clipping': algorithms.GradientClipping,
+    'gradient_clipping': GradientClipping,
     'ema': algorithms.EMA,
     'low_precision_layernorm': algorithms.LowPrecisionLayerNorm,
     'seq_length_warmup': algorithms.SeqLengthWarmup,

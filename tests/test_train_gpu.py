@@ -34,6 +34,7 @@ def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path):
     assert resolve_init_device(config) == 'meta'
 
     trainer = build_trainer(config)  # shards with FSDP2, then materialises and initialises each shard
+    assert trainer.state.train_dataloader.pin_memory
     down_proj = trainer.state.model.model.layers[0].mlp.down_proj.weight
     assert type(down_proj).__name__ == 'DTensor' and down_proj.device.type == 'cuda'
     std = down_proj.full_tensor().float().std().item()

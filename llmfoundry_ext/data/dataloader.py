@@ -34,5 +34,6 @@ def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Col
     dataloader = StreamingDataLoader(
         dataset, batch_size=device_batch_size, num_workers=loader.num_workers, drop_last=loader.drop_last,
         prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-        persistent_workers=loader.num_workers > 0, collate_fn=collator)
+        persistent_workers=loader.num_workers > 0, collate_fn=collator,
+        pin_memory=torch.cuda.is_available())  # from pageable memory each copy to the GPU would wait for the GPU
     return DataSpec(dataloader, get_num_tokens_in_batch=lambda batch: batch['input_ids'].numel())
