@@ -40,7 +40,7 @@ shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch
   composer train.py "yamls/$1" "variables.data_root=$data" "variables.checkpoint_root=$ckpt" \
     "global_batch_size=$GPUS" max_duration=20ba "${layers[@]}" > "$OUT/shipped-$1.log" 2>&1
   echo "exit $?, $((SECONDS - t0))s wall"
-  grep -E "^run |^  |Train (loss/train/total|memory/peak_allocated_mem|throughput/device/tokens_per_sec)|Eval metrics/eval/LanguageCrossEntropy|Error|error:" \
+  grep -E "^run |^  |^batch |^eval |Error|error:" \
     "$OUT/shipped-$1.log" | grep -v Warning | tail -22
   ls -la $ckpt/*/ep0-ba20 && du -sh $ckpt/*/ep0-ba20
   rm -rf $ckpt
