@@ -4,6 +4,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -80,6 +81,8 @@ def test_kill_9_and_autoresume_matches_uninterrupted_run(tiny_config, tmp_path):
     assert expected[0][1]['sample_ids'] != expected[1][1]['sample_ids']  # ranks read different samples
 
     killed_at = kill_at_random_batch(yaml_path, 'interrupted', tmp_path, ledger_root)
+    for root in (tmp_path / 'checkpoints', ledger_root):  # 'elastic' resumes from the same kill, with 1 process
+        shutil.copytree(root / 'interrupted', root / 'elastic', symlinks=True)
     run_to_end(yaml_path, 'interrupted', tmp_path / 'resumed.log')
     resumed_at = resumed_batch(tmp_path / 'resumed.log')
     assert resumed_at % 5 == 0 and 5 <= resumed_at <= killed_at < BATCHES
@@ -92,9 +95,8 @@ def test_kill_9_and_autoresume_matches_uninterrupted_run(tiny_config, tmp_path):
             assert [actual[rank][b][field] for b in range(1, BATCHES + 1)] == \
                 [expected[rank][b][field] for b in range(1, BATCHES + 1)]
 
-    kill_at_random_batch(yaml_path, 'elastic', tmp_path, ledger_root)
     run_to_end(yaml_path, 'elastic', tmp_path / 'elastic.log', processes=1)
-    resumed_at = resumed_batch(tmp_path / 'elastic.log')
+    assert resumed_batch(tmp_path / 'elastic.log') == resumed_at
     one, two = read_ledger(str(ledger_root / 'elastic' / 'ledger-rank0.jsonl')), ledgers(ledger_root / 'elastic')
     # streaming deals a global batch out to the ranks in turn: one process reads it in the interleaved order
     interleaved = [[i for pair in zip(expected[0][b]['sample_ids'], expected[1][b]['sample_ids']) for i in pair]
