@@ -43,16 +43,17 @@ class Trial:
 
 
 def run_yaml(folder: str, streams: dict[str, str]) -> str:
-    """A tiny Llama, FSDP2 over 2 ranks, sharded checkpoints every SAVE_EVERY batches, the sample ledger on."""
+    """A tiny Llama (untied, so the embeddings and output layer are FSDP2 units of their own), FSDP2 over 2 ranks with
+    selective activation checkpointing, sharded checkpoints every SAVE_EVERY batches, the sample ledger on."""
     import yaml
     config = {
         'run_name': 'chaos', 'max_seq_len': 32, 'global_batch_size': 8, 'max_duration': f'{BATCHES}ba',
         'precision': 'fp32', 'progress_bar': False, 'log_interval': '100ba', 'loggers': {},
         'model': {'preset': 'debug', 'dim': 64, 'n_layers': 2, 'n_heads': 4, 'n_kv_heads': 2, 'ffn_dim': 128,
-                  'vocab_size': 512, 'max_seq_len': 64},
+                  'vocab_size': 512, 'max_seq_len': 64, 'tie_embeddings': False},
         'data': {'train': {'streams': {name: {'local': path, 'proportion': 0.5} for name, path in streams.items()},
                            'shuffle_seed': 3}},
-        'parallelism': {'fsdp': {'state_dict_type': 'sharded'}},
+        'parallelism': {'fsdp': {'state_dict_type': 'sharded', 'activation_checkpointing': 'selective'}},
         'checkpoint': {'save_folder': os.path.join(folder, '{run_name}', 'checkpoints'),
                        'save_interval': f'{SAVE_EVERY}ba'},
         'callbacks': {'sample_ledger': {'folder': os.path.join(folder, '{run_name}', 'ledger')}},
@@ -77,7 +78,7 @@ def write_streams(folder: str) -> dict[str, str]:
 
 
 class Runner:
-    """Launches ``composer -n 2 train.py <yaml> run_name=<name>`` in its own process group, logs appended."""
+    """Launches ``composer -n <processes> train.py <yaml> run_name=<name>`` in its own process group, logs appended."""
 
     def __init__(self, folder: str, yaml_path: str, write_delay: float):
         self.folder, self.yaml_path = folder, yaml_path
@@ -93,16 +94,16 @@ class Runner:
         launcher = os.path.join(os.path.dirname(sys.executable), 'composer')
         self.composer = launcher if os.path.exists(launcher) else 'composer'
 
-    def start(self, name: str, slow_writes: bool = False) -> subprocess.Popen:
+    def start(self, name: str, slow_writes: bool = False, processes: int = RANKS) -> subprocess.Popen:
         log = open(os.path.join(self.folder, f'{name}.log'), 'a')
-        return subprocess.Popen([self.composer, '-n', str(RANKS), 'train.py', self.yaml_path, f'run_name={name}'],
+        return subprocess.Popen([self.composer, '-n', str(processes), 'train.py', self.yaml_path, f'run_name={name}'],
                                 cwd=self.repo, stdout=log, stderr=subprocess.STDOUT,
                                 env={**self.env, 'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
                                 start_new_session=True)
 
-    def finish(self, name: str, attempts: int = 3) -> None:
+    def finish(self, name: str, attempts: int = 3, processes: int = RANKS) -> None:
         for _ in range(attempts):
-            if self.start(name).wait(timeout=900) == 0:
+            if self.start(name, processes=processes).wait(timeout=900) == 0:
                 return
         raise RuntimeError(f'{name} did not finish in {attempts} runs; see {self.folder}/{name}.log')
 
@@ -156,16 +157,21 @@ def identical(actual: list[dict[int, dict]], expected: list[dict[int, dict]]) ->
     return True
 
 
+def resumption(log: str) -> tuple[int, str]:
+    """From a run's log: the batch autoresume resumed from (0: from scratch) and the broken checkpoint it moved aside
+    ('' if none)."""
+    resumed = re.findall(r'autoresume: resuming from the latest checkpoint at batch (\d+)', log)
+    skipped = re.findall(r'autoresume: skipped checkpoint (\S+) ', log)
+    return int(resumed[0]) if resumed else 0, skipped[0] if skipped else ''
+
+
 def trial(runner: Runner, number: int, expected, rng: random.Random) -> Trial:
     name = f'trial{number:02d}'
     aimed_inside = number % 2 == 1
     killed_after, inside = kill(runner, name, aimed_inside, rng)
     runner.finish(name)
-    log = runner.log(name)
-    resumed = re.findall(r'autoresume: resuming from the latest checkpoint at batch (\d+)', log)
-    skipped = re.findall(r'autoresume: skipped checkpoint (\S+) ', log)
-    return Trial(number, aimed_inside, killed_after, inside, int(resumed[0]) if resumed else 0,
-                 skipped[0] if skipped else '', identical(runner.ledgers(name), expected))
+    return Trial(number, aimed_inside, killed_after, inside, *resumption(runner.log(name)),
+                 identical(runner.ledgers(name), expected))
 
 
 def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -> list[Trial]:

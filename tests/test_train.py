@@ -1,113 +1,15 @@
-"""Training end to end: kill -9 + autoresume is exact (2 processes, and elastic to 1, where 1 process continues with
-FSDP2's losses), order-change warnings, eval."""
+"""Training end to end: order-change warnings, eval, masked LM, the parallel layout of a launch (kill -9 and autoresume:
+tests/test_chaos.py)."""
 import math
 import os
-import random
-import re
-import shutil
-import signal
 import subprocess
-import time
 
 import pytest
 import torch
 
-from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.config import load
-from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import train
 from tests.conftest import COMPOSER, REPO, write_yaml
-
-BATCHES = 20
-
-
-def launch(yaml_path: str, run_name: str, log_path, processes: int = 2) -> subprocess.Popen:
-    """``composer -n 2 train.py`` in its own process group (so kill -9 reaches every rank)."""
-    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    log = open(log_path, 'a')
-    return subprocess.Popen([COMPOSER, '-n', str(processes), 'train.py', yaml_path, f'run_name={run_name}'],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def run_to_end(yaml_path: str, run_name: str, log_path, processes: int = 2) -> None:
-    process = launch(yaml_path, run_name, log_path, processes)
-    assert process.wait(timeout=600) == 0, open(log_path).read()[-3000:]
-
-
-def wait_for_batch(ledger_path: str, batch: int, process: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(ledger_path) and max(read_ledger(ledger_path), default=0) >= batch:
-            return
-        assert process.poll() is None, 'the run ended before it could be killed'
-        time.sleep(0.05)
-    raise TimeoutError(f'batch {batch} not reached')
-
-
-def ledgers(folder) -> list[dict[int, dict]]:
-    return [read_ledger(os.path.join(folder, f'ledger-rank{rank}.jsonl')) for rank in (0, 1)]
-
-
-def kill_at_random_batch(yaml_path: str, run_name: str, tmp_path, ledger_root) -> int:
-    """Start a 2-process run, kill -9 its whole process group at a random batch past the first checkpoint
-    (batch 5); returns the last batch rank 0 recorded."""
-    kill_at = random.Random(os.getpid()).randint(6, 14)
-    process = launch(yaml_path, run_name, tmp_path / f'{run_name}.log')
-    ledger = str(ledger_root / run_name / 'ledger-rank0.jsonl')
-    wait_for_batch(ledger, kill_at, process)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-    return max(read_ledger(ledger))
-
-
-def resumed_batch(log_path) -> int:
-    log = open(log_path).read()
-    return int(re.search(r'autoresume: resuming from the latest checkpoint at batch (\d+)', log)[1])
-
-
-@pytest.mark.timeout(900)
-def test_kill_9_and_autoresume_matches_uninterrupted_run(tiny_config, tmp_path):
-    """Same losses and sample ids on every rank, bit for bit; and with 1 process after 2 (elastic), the same
-    global batches and losses: FSDP2 over 2 ranks with selective (per-op) activation checkpointing trains the same
-    model as 1 process (fp32, CPU; untied, so the embeddings and output layer are units of their own)."""
-    tiny_config['model']['tie_embeddings'] = False
-    tiny_config['parallelism']['fsdp']['activation_checkpointing'] = 'selective'
-    yaml_path = write_yaml(tiny_config, tmp_path / 'tiny.yaml')
-    ledger_root = tmp_path / 'ledger'
-    run_to_end(yaml_path, 'uninterrupted', tmp_path / 'uninterrupted.log')
-    assert ('FSDP2 over 2 ranks, selective activation checkpointing of every block' in
-            (tmp_path / 'uninterrupted.log').read_text())
-    expected = ledgers(ledger_root / 'uninterrupted')
-    assert expected[0][1]['sample_ids'] != expected[1][1]['sample_ids']  # ranks read different samples
-
-    killed_at = kill_at_random_batch(yaml_path, 'interrupted', tmp_path, ledger_root)
-    for root in (tmp_path / 'checkpoints', ledger_root):  # 'elastic' resumes from the same kill, with 1 process
-        shutil.copytree(root / 'interrupted', root / 'elastic', symlinks=True)
-    run_to_end(yaml_path, 'interrupted', tmp_path / 'resumed.log')
-    resumed_at = resumed_batch(tmp_path / 'resumed.log')
-    assert resumed_at % 5 == 0 and 5 <= resumed_at <= killed_at < BATCHES
-    shards = sorted(os.listdir(tmp_path / 'checkpoints' / 'interrupted' / f'ep0-ba{BATCHES}'))
-    assert shards == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']  # FSDP2 sharded checkpoint, sealed
-    actual = ledgers(ledger_root / 'interrupted')
-    for rank in (0, 1):
-        assert sorted(actual[rank]) == list(range(1, BATCHES + 1))
-        for field in ('loss', 'sample_ids'):
-            assert [actual[rank][b][field] for b in range(1, BATCHES + 1)] == \
-                [expected[rank][b][field] for b in range(1, BATCHES + 1)]
-
-    run_to_end(yaml_path, 'elastic', tmp_path / 'elastic.log', processes=1)
-    assert resumed_batch(tmp_path / 'elastic.log') == resumed_at
-    one, two = read_ledger(str(ledger_root / 'elastic' / 'ledger-rank0.jsonl')), ledgers(ledger_root / 'elastic')
-    # streaming deals a global batch out to the ranks in turn: one process reads it in the interleaved order
-    interleaved = [[i for pair in zip(expected[0][b]['sample_ids'], expected[1][b]['sample_ids']) for i in pair]
-                   for b in range(resumed_at + 1, BATCHES + 1)]
-    assert [one[b]['sample_ids'] for b in range(resumed_at + 1, BATCHES + 1)] == interleaved
-    assert [one[b]['loss'] for b in range(resumed_at + 1, BATCHES + 1)] == pytest.approx(
-        [(expected[0][b]['loss'] + expected[1][b]['loss']) / 2 for b in range(resumed_at + 1, BATCHES + 1)],
-        rel=1e-5, abs=0)
-    for rank in (0, 1):
-        assert [two[rank][b]['sample_ids'] for b in range(1, resumed_at + 1)] == \
-            [expected[rank][b]['sample_ids'] for b in range(1, resumed_at + 1)]
 
 
 def test_resume_warns_when_the_data_order_settings_changed(tiny_config, tmp_path, capsys):
