@@ -14,6 +14,7 @@ from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, hf_config,
                                        load_into, load_weights_folder, read_composer_model, save_hf)
 from llmfoundry_ext.config import ConfigError, load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from scripts.convert_checkpoint import main as checkpoint_main
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 CONFIGS = {
@@ -129,12 +130,11 @@ SOURCE = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vo
                      rope_theta=500000.0, rope_scaling_factor=8.0, rope_original_max_seq_len=16)
 
 
-def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tmp_path):
+def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tmp_path, capsys):
     """from-hf -> init_from -> 2-process FSDP2 run (lr 0: weights kept) -> sharded checkpoint -> to-hf."""
     source = hf_reference(tmp_path, SOURCE)
-    convert = [sys.executable, 'scripts/convert_checkpoint.py']
     native = str(tmp_path / 'native')
-    subprocess.run(convert + ['from-hf', source, native], cwd=REPO, check=True, capture_output=True)
+    assert checkpoint_main(['from-hf', source, native]) == 0
     config = run_config(tiny_config, SOURCE, init_from=native)
     config['optimizer'] = {'name': 'adamw', 'lr': 0.0, 'weight_decay': 0.0}
     config['scheduler'] = None
@@ -144,9 +144,9 @@ def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tm
                    capture_output=True, timeout=600)
     run_folder = tmp_path / 'checkpoints' / 'tiny'
     exported = str(tmp_path / 'exported')
-    result = subprocess.run(convert + ['to-hf', str(run_folder), exported, '--dtype', 'float32'], cwd=REPO,
-                            check=True, capture_output=True, text=True)
-    assert result.stdout == f"wrote {exported} from {run_folder / 'ep0-ba2'}\n"
+    capsys.readouterr()
+    assert checkpoint_main(['to-hf', str(run_folder), exported, '--dtype', 'float32']) == 0
+    assert capsys.readouterr().out == f"wrote {exported} from {run_folder / 'ep0-ba2'}\n"
     original, round_trip = load_file(f'{source}/model.safetensors'), load_file(f'{exported}/model.safetensors')
     assert sorted(original) == sorted(round_trip)
     assert all(torch.equal(original[name], round_trip[name]) for name in original)
