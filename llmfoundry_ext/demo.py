@@ -9,16 +9,17 @@ import time
 
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from llmfoundry_ext.plotting import plot_run
+from llmfoundry_ext.plotting import plot_run, read_scalars
 
 DEMO_YAML = 'yamls/demo.yaml'
 VOCAB_SIZE = 2048
 QUEUE_LIMIT_BATCHES = 150  # the first run stops here, as a job at its queue limit would
+VAL_EVERY = 10  # every 10th document of each domain is held out for the evaluation
 
 
 def prepare_data(root: str, window: int) -> None:
-    """Tokenizer and one MDS folder per domain under ``root``; skipped when already there."""
+    """Tokenizer and, per domain, MDS folders ``<root>/<domain>/train`` and ``/val`` (every VAL_EVERY-th document held
+    out); skipped when already there."""
     from data_prep.demo_corpus import demo_corpus
     from data_prep.packing import pack, tokenize_documents, write_mds
     from llmfoundry_ext.data.manifest import file_sha256
@@ -26,7 +27,7 @@ def prepare_data(root: str, window: int) -> None:
 
     tokenizer_file = os.path.join(root, 'tokenizer', 'tokenizer.json')
     domains = ('code', 'prose', 'math')
-    if os.path.isfile(tokenizer_file) and all(os.path.isdir(os.path.join(root, d)) for d in domains):
+    if os.path.isfile(tokenizer_file) and all(os.path.isdir(os.path.join(root, d, 'val')) for d in domains):
         print(f'demo data: reusing {root}', flush=True)
         return
     start = time.monotonic()
@@ -36,12 +37,16 @@ def prepare_data(root: str, window: int) -> None:
     tokenizer.save(tokenizer_file)
     eos_id = tokenizer.token_to_id(EOS)
     for domain in domains:
-        windows = pack(tokenize_documents(corpus[domain], tokenizer, eos_id), window)
-        manifest = write_mds(os.path.join(root, domain), windows, {
-            'source': f'demo:{domain}', 'documents': len(corpus[domain]), 'window': window,
-            'tokenizer': tokenizer_file, 'tokenizer_sha256': file_sha256(tokenizer_file)})
-        print(f"demo data: {domain}: {manifest['documents']} documents -> {manifest['windows']} windows "
-              f"of {window} tokens", flush=True)
+        documents = corpus[domain]
+        splits = {'train': [d for i, d in enumerate(documents) if i % VAL_EVERY], 'val': documents[::VAL_EVERY]}
+        counts = []
+        for split, split_documents in splits.items():
+            windows = pack(tokenize_documents(split_documents, tokenizer, eos_id), window)
+            manifest = write_mds(os.path.join(root, domain, split), windows, {
+                'source': f'demo:{domain}', 'split': split, 'documents': len(split_documents), 'window': window,
+                'tokenizer': tokenizer_file, 'tokenizer_sha256': file_sha256(tokenizer_file)})
+            counts.append(f"{split} {manifest['documents']} documents -> {manifest['windows']} windows")
+        print(f"demo data: {domain}: {', '.join(counts)} of {window} tokens", flush=True)
     print(f'demo data: ready in {time.monotonic() - start:.0f} s under {root}', flush=True)
 
 
@@ -67,21 +72,17 @@ def main() -> int:
     else:
         print('\n== a checkpoint exists: the same command autoresumes ==', flush=True)
     launch([])
-    print(loss_curve(checkpoints), flush=True)
+    print(held_out_curve(os.path.join(checkpoints, 'tensorboard')), flush=True)
     plot = os.path.join(os.path.dirname(checkpoints.rstrip('/')), f'{raw.run_name}.png')
     plot_run(os.path.join(checkpoints, 'tensorboard'), plot)
     print(f'loss and tokens/s curves: {plot} (python scripts/plot_run.py {checkpoints}/tensorboard {plot})', flush=True)
     return 0
 
 
-def loss_curve(run_folder: str, points: int = 10) -> str:
-    """Rank 0's mean loss per tenth of the batches, over every invocation of the run (from its sample ledger)."""
-    ledger = read_ledger(os.path.join(run_folder, 'ledger-rank0.jsonl'))
-    batches = sorted(ledger)
-    block = max(1, len(batches) // points)
-    blocks = [batches[i:i + block] for i in range(0, len(batches), block)]
-    means = [f'{part[0]}-{part[-1]}: {sum(ledger[b]["loss"] for b in part) / len(part):.2f}' for part in blocks]
-    return f'\nloss (rank 0, mean per {block} batches)  ' + ' | '.join(means)
+def held_out_curve(tensorboard_folder: str) -> str:
+    """The held-out loss at each evaluation, over every invocation of the run."""
+    points = read_scalars(tensorboard_folder)['metrics/eval/LanguageCrossEntropy']
+    return '\nheld-out loss by batch  ' + ' | '.join(f'{batch}: {loss:.2f}' for batch, loss in points)
 
 
 if __name__ == '__main__':

@@ -2,8 +2,10 @@
 import glob
 import os
 
-PANELS = (('loss/train/total', 'training loss'), ('throughput/device/tokens_per_sec', 'tokens/s per device'),
-          ('throughput/device/mfu', 'MFU'))
+# title -> (tag, legend label): a panel for each title with a tag logged
+PANELS = {'loss': (('loss/train/total', 'training'), ('metrics/eval/LanguageCrossEntropy', 'held-out')),
+          'tokens/s per device': (('throughput/device/tokens_per_sec', None),),
+          'MFU': (('throughput/device/mfu', None),)}
 
 
 def read_scalars(run_folder: str) -> dict[str, list[tuple[int, float]]]:
@@ -21,26 +23,37 @@ def read_scalars(run_folder: str) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted(points.items()) for tag, points in series.items()}
 
 
+def batch(tag: str, step: int) -> int:
+    """The batch a point belongs to: Composer logs training metrics at step = batch - 1, evaluation ones at the
+    number of batches done."""
+    return step if tag.startswith('metrics/eval/') else step + 1
+
+
 def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
-    """Write the PNG, a panel for each of PANELS' metrics the run logged (MFU only on GPUs); returns how many points
-    each panel drew."""
+    """Write the PNG, a panel for each of PANELS' titles with a metric the run logged (MFU only on GPUs, held-out
+    loss only with evaluation); returns how many points each metric drew."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     scalars = read_scalars(run_folder)
-    panels = [(tag, title) for tag, title in PANELS if scalars.get(tag)]
+    panels = {title: [(tag, label) for tag, label in lines if scalars.get(tag)] for title, lines in PANELS.items()}
+    panels = {title: lines for title, lines in panels.items() if lines}
     if not panels:
-        raise ValueError(f"{run_folder}: none of {', '.join(tag for tag, _ in PANELS)} was logged")
+        raise ValueError(f"{run_folder}: none of {', '.join(t for lines in PANELS.values() for t, _ in lines)} "
+                         f"was logged")
     figure, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
     drawn = {}
-    for axis, (tag, title) in zip(axes[0], panels):
-        points = scalars[tag]
-        steps, values = zip(*points)
-        axis.plot([s + 1 for s in steps], values)
+    for axis, (title, lines) in zip(axes[0], panels.items()):
+        for tag, label in lines:
+            steps, values = zip(*scalars[tag])
+            axis.plot([batch(tag, s) for s in steps], values, label=label,
+                      marker='o' if tag.startswith('metrics/eval/') else None)
+            drawn[tag] = len(steps)
+        if len(lines) > 1:
+            axis.legend()
         axis.set(title=title, xlabel='batch')
         axis.grid(alpha=0.3)
-        drawn[tag] = len(points)
     figure.suptitle(os.path.normpath(run_folder))
     figure.tight_layout()
     figure.savefig(out_png, dpi=110)

@@ -1,12 +1,11 @@
 """What the config builds: per-step metrics land in TensorBoard next to the checkpoints by default."""
-import glob
 import os
-
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+import re
 
 from data_prep.packing import write_mds
 from data_prep.train_tokenizer import train_bpe
 from llmfoundry_ext.config import load
+from llmfoundry_ext.plotting import plot_run, read_scalars
 from llmfoundry_ext.train import train
 from tests.conftest import REPO, random_windows, write_yaml
 
@@ -21,9 +20,11 @@ EXPECTED_TAGS = [
 
 
 def demo_data(root) -> str:
-    """demo.yaml's data layout (code / prose / math MDS folders and a tokenizer), with random tokens."""
+    """demo.yaml's data layout (code / prose / math MDS folders, train and val, and a tokenizer), random tokens."""
     for seed, domain in enumerate(('code', 'prose', 'math')):
-        write_mds(str(root / domain), random_windows(200, 256, 2048, seed), {'source': domain, 'window': 256})
+        for split, windows in (('train', 200), ('val', 40)):
+            write_mds(str(root / domain / split), random_windows(windows, 256, 2048, seed), {'source': domain,
+                                                                                            'window': 256})
     os.makedirs(root / 'tokenizer')
     train_bpe(['demo text'] * 10, vocab_size=300).save(str(root / 'tokenizer' / 'tokenizer.json'))
     return str(root)
@@ -36,25 +37,30 @@ def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):
         f'callbacks.sample_ledger.folder={tmp_path}/ledger', 'max_duration=6ba', 'global_batch_size=4',
         'model.n_layers=2', 'parallelism.fsdp=null', *monitors])
     train(config).close()
-    (events,) = glob.glob(str(tmp_path / 'demo' / 'tensorboard' / 'demo' / 'events.out.tfevents.*'))
-    accumulator = EventAccumulator(events)
-    accumulator.Reload()
-    tags = accumulator.Tags()['scalars']
-    missing = [tag for tag in EXPECTED_TAGS if tag not in tags]
+    scalars = read_scalars(str(tmp_path / 'demo' / 'tensorboard'))
+    missing = [tag for tag in EXPECTED_TAGS if tag not in scalars]
     assert missing == []
-    assert [event.step for event in accumulator.Scalars('loss/train/total')] == [0, 1, 2, 3, 4, 5]
-    assert all(7.0 < event.value < 8.5 for event in accumulator.Scalars('loss/train/total'))  # ln(2048) = 7.6
-    assert all(event.value > 0 for event in accumulator.Scalars('time/step_seconds'))
+    assert [step for step, _ in scalars['loss/train/total']] == [0, 1, 2, 3, 4, 5]
+    assert all(7.0 < loss < 8.5 for _, loss in scalars['loss/train/total'])  # ln(2048) = 7.6
+    assert all(seconds > 0 for _, seconds in scalars['time/step_seconds'])
+    (evaluation,) = scalars['metrics/eval/LanguageCrossEntropy']  # at the end of training only (interval: 30ba)
+    assert evaluation[0] == 6 and 7.0 < evaluation[1] < 8.5
 
 
 def test_plot_run_draws_every_logged_batch_across_invocations(tiny_config, tmp_path):
-    from llmfoundry_ext.plotting import plot_run
-    tiny_config.update(parallelism={'fsdp': None}, max_duration='6ba', callbacks={'speed_monitor': {'window_size': 2}})
+    from llmfoundry_ext.demo import held_out_curve
+    tiny_config.update(parallelism={'fsdp': None}, max_duration='6ba', callbacks={'speed_monitor': {'window_size': 2}},
+                       eval_interval='2ba')
+    tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}},
+                                   'shuffle': False}
     path = write_yaml(tiny_config, tmp_path / 'run.yaml')
     train(load(path, ['callbacks.stop_after.batches=4'])).close()
     train(load(path)).close()  # resumed: a second event file
-    drawn = plot_run(str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard'), str(tmp_path / 'run.png'))
+    tensorboard = str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard')
+    drawn = plot_run(tensorboard, str(tmp_path / 'run.png'))
     # SpeedMonitor logs once its window (2) is full in an invocation: batches 3 and 4; the second invocation has
     # only 2 batches. MFU needs a GPU's peak FLOP/s: on the CPU it is not logged, and has no panel.
-    assert drawn == {'loss/train/total': 6, 'throughput/device/tokens_per_sec': 2}
+    assert drawn == {'loss/train/total': 6, 'metrics/eval/LanguageCrossEntropy': 3,
+                     'throughput/device/tokens_per_sec': 2}
+    assert re.findall(r'(\d+): \d\.\d\d', held_out_curve(tensorboard)) == ['2', '4', '6']
     assert open(tmp_path / 'run.png', 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
