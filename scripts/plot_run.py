@@ -1,4 +1,4 @@
-"""Plot a run's loss, tokens/s and MFU from its TensorBoard logs.
+"""Plot a run's training and held-out loss, tokens/s and MFU from its TensorBoard logs.
 
   python scripts/plot_run.py <folder with event files, e.g. demo_run/checkpoints/demo/tensorboard> <out.png>
 """
