@@ -94,7 +94,7 @@ def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), 
     collator = build_collator(config)
     eval_dataloader = None
     if data.eval is not None:
-        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator)
+        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator, held_out=True)
     checkpoint = config.checkpoint
     savers = [SealedCheckpointSaver(
         folder=checkpoint.save_folder, remote_file_name=None, save_interval=checkpoint.save_interval,

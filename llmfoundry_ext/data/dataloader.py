@@ -20,17 +20,31 @@ class TokenWindows(StreamingDataset):
         return {'tokens': torch.from_numpy(tokens.astype(np.int64)), 'sample_id': index}
 
 
-def build_dataset(loader: LoaderConfig, device_batch_size: int) -> TokenWindows:
+class HeldOutWindows(TokenWindows):
+    """The evaluation set. Streaming starts a new epoch at every pass, and each epoch reshuffles and redraws the
+    streams' proportions: evaluations would read different samples (and restart the sequence after a restart).
+    Every pass here is epoch 0, so every evaluation, before and after a restart, reads the same samples in the same
+    order, and ``eval_subset_num_batches`` is the same subset each time."""
+
+    def __iter__(self):
+        self.next_epoch = 0
+        return super().__iter__()
+
+
+def build_dataset(loader: LoaderConfig, device_batch_size: int, held_out: bool = False) -> TokenWindows:
     streams = [Stream(local=s.local, remote=s.remote, proportion=s.proportion, repeat=s.repeat, choose=s.choose)
                for s in loader.streams.values()]
-    return TokenWindows(streams=streams, batch_size=device_batch_size, shuffle=loader.shuffle,
-                        shuffle_seed=loader.shuffle_seed, shuffle_algo=loader.shuffle_algo,
-                        num_canonical_nodes=loader.num_canonical_nodes, epoch_size=loader.epoch_size)
+    windows = HeldOutWindows if held_out else TokenWindows
+    return windows(streams=streams, batch_size=device_batch_size, shuffle=loader.shuffle,
+                   shuffle_seed=loader.shuffle_seed, shuffle_algo=loader.shuffle_algo,
+                   num_canonical_nodes=loader.num_canonical_nodes, epoch_size=loader.epoch_size)
 
 
-def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Collator) -> DataSpec:
-    """A DataSpec whose token count per batch feeds Composer's token-based durations and SpeedMonitor."""
-    dataset = build_dataset(loader, device_batch_size)
+def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Collator,
+                     held_out: bool = False) -> DataSpec:
+    """A DataSpec whose token count per batch feeds Composer's token-based durations and SpeedMonitor;
+    ``held_out``: the evaluation set, the same samples at every evaluation."""
+    dataset = build_dataset(loader, device_batch_size, held_out)
     dataloader = StreamingDataLoader(
         dataset, batch_size=device_batch_size, num_workers=loader.num_workers, drop_last=loader.drop_last,
         prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
