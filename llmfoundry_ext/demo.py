@@ -9,7 +9,7 @@ import time
 
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.plotting import plot_run, read_scalars
+from llmfoundry_ext.plotting import HELD_OUT_LOSS, plot_run, read_scalars
 
 DEMO_YAML = 'yamls/demo.yaml'
 VOCAB_SIZE = 2048
@@ -81,7 +81,7 @@ def main() -> int:
 
 def held_out_curve(tensorboard_folder: str) -> str:
     """The held-out loss at each evaluation, over every invocation of the run."""
-    points = read_scalars(tensorboard_folder)['metrics/eval/LanguageCrossEntropy']
+    points = read_scalars(tensorboard_folder)[HELD_OUT_LOSS]
     return '\nheld-out loss by batch  ' + ' | '.join(f'{batch}: {loss:.2f}' for batch, loss in points)
 
 

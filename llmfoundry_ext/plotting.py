@@ -2,8 +2,9 @@
 import glob
 import os
 
+HELD_OUT_LOSS = 'metrics/eval/LanguageCrossEntropy'
 # title -> (tag, legend label): a panel for each title with a tag logged
-PANELS = {'loss': (('loss/train/total', 'training'), ('metrics/eval/LanguageCrossEntropy', 'held-out')),
+PANELS = {'loss': (('loss/train/total', 'training'), (HELD_OUT_LOSS, 'held-out')),
           'tokens/s per device': (('throughput/device/tokens_per_sec', None),),
           'MFU': (('throughput/device/mfu', None),)}
 
@@ -23,10 +24,14 @@ def read_scalars(run_folder: str) -> dict[str, list[tuple[int, float]]]:
     return {tag: sorted(points.items()) for tag, points in series.items()}
 
 
+def evaluated(tag: str) -> bool:
+    return tag.startswith('metrics/eval/')
+
+
 def batch(tag: str, step: int) -> int:
     """The batch a point belongs to: Composer logs training metrics at step = batch - 1, evaluation ones at the
     number of batches done."""
-    return step if tag.startswith('metrics/eval/') else step + 1
+    return step if evaluated(tag) else step + 1
 
 
 def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
@@ -48,7 +53,7 @@ def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
         for tag, label in lines:
             steps, values = zip(*scalars[tag])
             axis.plot([batch(tag, s) for s in steps], values, label=label,
-                      marker='o' if tag.startswith('metrics/eval/') else None)
+                      marker='o' if evaluated(tag) else None)
             drawn[tag] = len(steps)
         if len(lines) > 1:
             axis.legend()
