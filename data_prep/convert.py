@@ -13,13 +13,14 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import ExitStack
 from dataclasses import dataclass
 
-from data_prep.packing import tokenize_documents
+from data_prep.packing import Packer, tokenize_documents
 from data_prep.sources import Counts, SourceError
-from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.config import tokenizer_file
-from llmfoundry_ext.data.manifest import MANIFEST, file_sha256, read_tokenizer
+from llmfoundry_ext.atomic import atomic_folder, write_atomically
+from llmfoundry_ext.data.mds import MANIFEST, TOKENS, file_sha256, shard_writer
+from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
 
 SPLITS = ('train', 'val')
 
@@ -63,12 +64,6 @@ def special_ids(tokenizer, eos_token: str | None, bos_token: str | None) -> tupl
 def convert_part(job: Job, index: int, file: str, eos_token: str, bos_token: str | None,
                  max_docs: int | None = None) -> dict:
     """Tokenize one input file into its train and val part folders; returns its part.json record."""
-    from contextlib import ExitStack
-
-    from streaming import MDSWriter
-    from data_prep.packing import TOKENS_COLUMN, Packer
-    from llmfoundry_ext.atomic import atomic_folder
-
     tokenizer = read_tokenizer(job.tokenizer_file)
     eos, bos = special_ids(tokenizer, eos_token, bos_token)
     counts = Counts()
@@ -76,15 +71,14 @@ def convert_part(job: Job, index: int, file: str, eos_token: str, bos_token: str
               'tail_tokens': {}}
     with ExitStack() as stack:
         folders = {s: stack.enter_context(atomic_folder(part_folder(job.out, s, index))) for s in SPLITS}
-        writers = {s: MDSWriter(out=folders[s], columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb')
-                   for s in SPLITS}
+        writers = {s: shard_writer(folders[s]) for s in SPLITS}
         packers = {s: Packer(job.window) for s in SPLITS}
         documents = job.source.documents(file, counts)
         for document, tokens in tokenized(documents, tokenizer, eos, bos, max_docs):
             split = 'val' if in_validation(document.id, job.val_fraction) else 'train'
             record['documents'][split] += 1
             for window in packers[split].add(tokens):
-                writers[split].write({'tokens': window})
+                writers[split].write({TOKENS: window})
                 record['windows'][split] += 1
         record['tail_tokens'] = {s: len(packers[s].buffer) for s in SPLITS}
         record['skipped'] = counts.skipped

@@ -1,4 +1,5 @@
-"""A small mixed corpus from text every machine has: the Python standard library.
+"""The demo's data: a small mixed corpus from text every machine has (the Python standard library), its BPE
+tokenizer, and MDS shards per domain with held-out documents.
 
 code: the source files; prose: their docstrings; math: generated arithmetic. Deterministic.
 """
@@ -6,7 +7,16 @@ import ast
 import os
 import random
 import sysconfig
+import time
 from collections.abc import Iterator
+
+from data_prep.packing import pack, tokenize_documents
+from data_prep.train_tokenizer import EOS, train_bpe
+from llmfoundry_ext.data.mds import file_sha256, write_mds
+
+DOMAINS = ('code', 'prose', 'math')
+VOCAB_SIZE = 2048
+VAL_EVERY = 10  # every 10th document of each domain is held out for the evaluation
 
 
 def stdlib_files(limit: int) -> list[str]:
@@ -67,3 +77,30 @@ def demo_corpus(files: int = 600, math_docs: int = 600) -> dict[str, list[str]]:
     paths = stdlib_files(files)
     return {'code': list(code_documents(paths)), 'prose': list(prose_documents(paths)),
             'math': list(math_documents(math_docs))}
+
+
+def write_demo_data(root: str, window: int) -> None:
+    """Tokenizer and, per domain, MDS folders ``<root>/<domain>/train`` and ``/val`` (every VAL_EVERY-th document held
+    out); skipped when already there."""
+    tokenizer_file = os.path.join(root, 'tokenizer', 'tokenizer.json')
+    if os.path.isfile(tokenizer_file) and all(os.path.isdir(os.path.join(root, d, 'val')) for d in DOMAINS):
+        print(f'demo data: reusing {root}', flush=True)
+        return
+    start = time.monotonic()
+    corpus = demo_corpus()
+    tokenizer = train_bpe((doc for docs in corpus.values() for doc in docs), VOCAB_SIZE)
+    os.makedirs(os.path.dirname(tokenizer_file), exist_ok=True)
+    tokenizer.save(tokenizer_file)
+    eos_id = tokenizer.token_to_id(EOS)
+    for domain in DOMAINS:
+        documents = corpus[domain]
+        splits = {'train': [d for i, d in enumerate(documents) if i % VAL_EVERY], 'val': documents[::VAL_EVERY]}
+        counts = []
+        for split, split_documents in splits.items():
+            windows = pack(tokenize_documents(split_documents, tokenizer, eos_id), window)
+            manifest = write_mds(os.path.join(root, domain, split), windows, {
+                'source': f'demo:{domain}', 'split': split, 'documents': len(split_documents), 'window': window,
+                'tokenizer': tokenizer_file, 'tokenizer_sha256': file_sha256(tokenizer_file)})
+            counts.append(f"{split} {manifest['documents']} documents -> {manifest['windows']} windows")
+        print(f"demo data: {domain}: {', '.join(counts)} of {window} tokens", flush=True)
+    print(f'demo data: ready in {time.monotonic() - start:.0f} s under {root}', flush=True)

@@ -1,15 +1,7 @@
-"""Tokenize documents, append EOS, pack into fixed windows, and write MDS shards with a manifest."""
-import json
-import os
+"""Tokenize documents, append EOS, and pack them into fixed windows (written by ``llmfoundry_ext.data.mds``)."""
 from collections.abc import Iterable, Iterator
 
 import numpy as np
-from streaming import MDSWriter
-
-from llmfoundry_ext.atomic import atomic_folder
-from llmfoundry_ext.data.manifest import MANIFEST
-
-TOKENS_COLUMN = {'tokens': 'ndarray:uint32'}
 
 
 class Packer:
@@ -54,16 +46,3 @@ def wrap(encodings, eos_id: int, bos_id: int | None) -> Iterator[list[int]]:
     for encoding in encodings:
         yield prefix + encoding.ids + [eos_id]
 
-
-def write_mds(out: str, windows: Iterable[np.ndarray], manifest: dict) -> dict:
-    """Write windows as MDS (zstd) into ``out``, atomically: built in ``out.partial``, then renamed."""
-    with atomic_folder(out) as partial:
-        count = 0
-        with MDSWriter(out=partial, columns=TOKENS_COLUMN, compression='zstd', size_limit='64mb') as writer:
-            for window in windows:
-                writer.write({'tokens': window})
-                count += 1
-        manifest = {**manifest, 'windows': count, 'tokens': count * manifest['window']}
-        with open(os.path.join(partial, MANIFEST), 'w') as file:
-            json.dump(manifest, file, indent=2)
-    return manifest

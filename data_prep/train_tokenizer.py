@@ -1,7 +1,14 @@
 """Train a byte-level BPE tokenizer (HF ``tokenizers``) with Llama-3-style BOS/EOS tokens."""
+import argparse
+import itertools
+import json
+import os
+import sys
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from data_prep.sources import Counts, SourceError, parse_source
 
 BOS, EOS = '<|begin_of_text|>', '<|end_of_text|>'
 
@@ -19,14 +26,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
 
 def main(argv: list[str]) -> int:
     """python data_prep/train_tokenizer.py --source jsonl:'/data/*.jsonl' --vocab-size 32000 --out tokenizers/mine"""
-    import argparse
-    import itertools
-    import json
-    import os
-    import sys
-
-    from data_prep.sources import Counts, SourceError, parse_source
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument('--source', required=True, help='as for convert_to_mds.py')
     parser.add_argument('--input')
@@ -53,5 +52,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
-    import sys
     sys.exit(main(sys.argv[1:]))

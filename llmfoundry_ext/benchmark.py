@@ -18,12 +18,18 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from composer.callbacks.speed_monitor import get_gpu_flops_available
 from composer.core import Callback, State
 from composer.loggers import Logger
 from composer.models import ComposerModel
+from composer.utils import dist
 
+from llmfoundry_ext import preflight
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.model.llama import LlamaConfig
+from llmfoundry_ext.model.llama_hf import hf_config
+from llmfoundry_ext.synthetic import synthetic_run_yaml
+from llmfoundry_ext.train import train
 
 SOURCES = {'hf:': 'hf', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; no prefix: ours
 GIB = 2 ** 30
@@ -86,7 +92,6 @@ class HFLlamaLM(ComposerModel):
         from transformers import LlamaForCausalLM
         from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-        from llmfoundry_ext.checkpoint import hf_config
         hf = HFConfig(**hf_config(config, torch.float32))
         hf._attn_implementation = 'sdpa'
         self.model = LlamaForCausalLM(hf)
@@ -106,28 +111,22 @@ class HFLlamaLM(ComposerModel):
 def prepare(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> str:
     """The row's run YAML over random tokens in ``folder``, written once for all ranks (streaming refuses ranks
     of one node reading different folders); returns its path."""
-    from llmfoundry_ext.profiling import synthetic_run_yaml
     overrides = [*row.overrides, f'max_duration={warmup + steps}ba']
     return synthetic_run_yaml(row.source, overrides, folder, warmup + steps + 2, mean_document_tokens)
 
 
 def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     """Train the prepared ``yaml`` (in this process group) and return the row's figures."""
-    from composer.callbacks.speed_monitor import get_gpu_flops_available
-    from composer.utils import dist
-
-    from llmfoundry_ext.config import load
-    from llmfoundry_ext.train import train
-
-    config = load(yaml)
+    run = preflight.prepare(yaml)
+    config = run.config
     timer = StepTimer(warmup)
-    model = HFLlamaLM(config.model.llama()) if row.model == 'hf' else None
-    trainer = train(config, extra_callbacks=[timer], model=model)
+    model = HFLlamaLM(run.architecture) if row.model == 'hf' else None
+    trainer = train(run, extra_callbacks=[timer], model=model)
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
     seconds = timer.step_seconds()
     tokens_per_gpu = config.tokens_per_step / dist.get_world_size() / seconds
-    flops_per_token = config.model.llama().flops_per_token(config.max_seq_len)
+    flops_per_token = run.architecture.flops_per_token(config.max_seq_len)
     on_gpu = torch.cuda.is_available()
     return {
         'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,

@@ -1,35 +1,35 @@
-"""TrainConfig -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
+"""A preflighted Run -> the objects Composer's Trainer takes (model, data, optimizer, callbacks, ...)."""
 import os
 import sys
 
 import torch
-from composer.utils import dist
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.callbacks.console_line import ConsoleLine
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
-from llmfoundry_ext.checkpoint import load_into, load_weights_folder
-from llmfoundry_ext.config import TrainConfig, eos_token_id, mask_token_id
+from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LlamaLM
-from llmfoundry_ext.model.llama import Transformer
-from llmfoundry_ext.parallelism import composer_parallelism, parallelize
+from llmfoundry_ext.parallelism import composer_parallelism, init_device, parallelize
+from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.resumption import SealedCheckpointSaver
 from llmfoundry_ext.trainer import Trainer
+from llmfoundry_ext.weights import load_into, load_weights_folder
 
 
-def build_model(config: TrainConfig) -> tuple[LlamaLM, list]:
+def build_model(run: Run) -> tuple[LlamaLM, list]:
     """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised, and
     loaded from ``model.init_from`` but for the ``init_skip`` tensors, which keep their fresh init; float8,
     activation checkpointing and compile applied (``parallelism.parallelize``). Returns the model and the
     callbacks those need."""
-    init_device = resolve_init_device(config)
-    with torch.device(init_device):
-        transformer = Transformer(config.model.llama())
+    config = run.config
+    device = init_device(config)
+    with torch.device(device):
+        transformer = config.model.family_entry().module(run.architecture, run.kernels)
     callbacks = parallelize(transformer, config)
     model = LlamaLM(transformer, compile_loss=config.model.compile)
-    if init_device == 'meta':
+    if device == 'meta':
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
         return model, callbacks
     model.model.init_weights()
@@ -37,16 +37,6 @@ def build_model(config: TrainConfig) -> tuple[LlamaLM, list]:
         _, tensors = load_weights_folder(config.model.init_from)
         load_into(model.model, tensors, skip=tuple(config.model.init_skip))
     return model, callbacks
-
-
-def resolve_init_device(config: TrainConfig) -> str:
-    """auto: ``meta`` under FSDP2 on GPUs, but rank 0 builds on the CPU to load ``init_from`` (Composer then
-    broadcasts its weights to the other ranks' shards); ``cpu`` otherwise."""
-    if config.model.init_device != 'auto':
-        return config.model.init_device
-    if not (torch.cuda.is_available() and config.parallelism.fsdp):
-        return 'cpu'
-    return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
 def build_named(kind: str, entries: dict, defaults: dict | None = None) -> list:
@@ -73,25 +63,24 @@ def build_loggers(config: TrainConfig) -> list:
     return build_named('loggers', config.loggers, logger_defaults(config)) + line
 
 
-def build_collator(config: TrainConfig) -> Collator:
-    objective = config.objective
-    return Collator(
-        max_seq_len=config.max_seq_len, objective=objective.name, seed=config.seed,
-        eos_id=eos_token_id(config) if config.data.document_masking else None,
-        mask_probability=objective.mask_probability,
-        mask_token_id=mask_token_id(config) if objective.name == 'mlm' else None)
+def build_collator(run: Run) -> Collator:
+    config = run.config
+    return Collator(max_seq_len=config.max_seq_len, objective=config.objective.name, seed=config.seed,
+                    eos_id=run.eos_token_id, mask_probability=config.objective.mask_probability,
+                    mask_token_id=run.mask_token_id)
 
 
-def build_trainer(config: TrainConfig, device=None, extra_callbacks: list = (), model=None) -> Trainer:
-    """Composer's Trainer for the run; ``model`` replaces the config's Llama (same data, optimizer, FSDP2)."""
-    model, parallelism_callbacks = (model, []) if model is not None else build_model(config)
+def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None) -> Trainer:
+    """Composer's Trainer for the run; ``model`` replaces the config's model (same data, optimizer, FSDP2)."""
+    config = run.config
+    model, parallelism_callbacks = (model, []) if model is not None else build_model(run)
     optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
     optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
     schedulers = []
     if config.scheduler is not None:
         schedulers.append(registry.build('scheduler', *registry.named_entries(config.scheduler, 'scheduler')))
     data = config.data
-    collator = build_collator(config)
+    collator = build_collator(run)
     eval_dataloader = None
     if data.eval is not None:
         eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator, held_out=True)

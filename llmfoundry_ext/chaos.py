@@ -16,7 +16,10 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+from llmfoundry_ext.data.mds import write_mds
 
 BATCHES, SAVE_EVERY, RANKS = 24, 3, 2
 SLOW_WRITES = '''
@@ -65,9 +68,6 @@ def run_yaml(folder: str, streams: dict[str, str]) -> str:
 
 
 def write_streams(folder: str) -> dict[str, str]:
-    import numpy as np
-
-    from data_prep.packing import write_mds
     streams = {}
     for seed, name in enumerate(('a', 'b')):
         rng = np.random.default_rng(seed)

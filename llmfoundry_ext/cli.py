@@ -1,5 +1,6 @@
 """What the command-line tools share: argument errors as one line (exit status 2), argument types that check."""
 import argparse
+import os
 import sys
 
 
@@ -28,7 +29,6 @@ def fraction(text: str) -> float:
 
 def unwritable_reason(path: str) -> str | None:
     """Why ``path`` (a folder to create or fill) cannot be written, from its nearest existing ancestor; or None."""
-    import os
     ancestor = os.path.abspath(path)
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)

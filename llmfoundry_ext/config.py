@@ -1,32 +1,34 @@
-"""Typed run configuration: YAML + ``key=value`` overrides -> a validated ``TrainConfig``.
+"""Typed run configuration: YAML + ``key=value`` overrides -> a ``TrainConfig`` whose values are checked against
+each other. Checks against the machine (files, packages, GPUs, tokenizer) are ``preflight``'s.
 
-Every error a user can make in a YAML file is raised as ``ConfigError`` with one line that names the
-key (``data.train.streams.code.local``) and, for unknown keys, the nearest valid one.
+Every error a user can make in a YAML file is raised as ``ConfigError`` with one line that names the key
+(``data.train.streams.code.local``) and, for unknown keys, the nearest valid one.
 """
 import dataclasses
 import difflib
-import json
 import os
 import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from composer.core import Time
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from llmfoundry_ext.cli import unwritable_reason
-from llmfoundry_ext.data.manifest import file_sha256, read_manifest, read_tokenizer
-from llmfoundry_ext.model.llama import ARCHITECTURE, PRESETS, LlamaConfig, preset_fields
-
-
-class ConfigError(ValueError):
-    """A user error in the run configuration; its message is one line naming the key and the fix."""
+from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.model.attention import SDPA_KERNELS
+from llmfoundry_ext.model.families import FAMILIES, Family
+from llmfoundry_ext.model.kernels import KernelConfig
+from llmfoundry_ext.model.llama import LlamaConfig, weight_fields
+from llmfoundry_ext.weights import read_weights_config
 
 
 @dataclass(frozen=True)
-class ModelConfig(LlamaConfig):
-    """A preset's architecture with any field overridden, plus how to build it."""
+class ModelConfig(LlamaConfig, KernelConfig):
+    """A family's preset with any architecture field overridden, the kernels to run it with, and how to build it.
+    (The architecture fields are the Llama family's, its only family yet.)"""
+    family: str = 'llama'
     preset: str = 'debug'
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
     init_from: Optional[str] = None  # HF Llama folder or from-hf output to start from
@@ -34,9 +36,13 @@ class ModelConfig(LlamaConfig):
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
 
-    def llama(self) -> LlamaConfig:
-        names = [f.name for f in dataclasses.fields(LlamaConfig)]
-        return LlamaConfig(**{name: getattr(self, name) for name in names})
+    def family_entry(self) -> Family:
+        return FAMILIES[self.family]
+
+    def architecture(self):
+        """The family's architecture config (what the weights are)."""
+        config_class = self.family_entry().config
+        return config_class(**{spec.name: getattr(self, spec.name) for spec in dataclasses.fields(config_class)})
 
 
 @dataclass
@@ -164,7 +170,17 @@ def global_rank() -> int:
 
 
 def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
-    """YAML file + ``key=value`` overrides -> a validated TrainConfig (``variables:`` resolved, then dropped)."""
+    """YAML file + ``key=value`` overrides -> a TrainConfig whose values are consistent (``variables:`` resolved,
+    then dropped; the model's preset and ``init_from`` weights fill the architecture keys the YAML leaves out)."""
+    raw = read_yaml(yaml_path, overrides)
+    apply_preset(raw)
+    config = build(TrainConfig, raw, '')
+    validate(config)
+    return config
+
+
+def read_yaml(yaml_path: str, overrides: list[str] = ()) -> dict:
+    """The YAML merged with the overrides, ``variables:`` resolved and dropped, as plain data."""
     if not os.path.isfile(yaml_path):
         raise ConfigError(f'{yaml_path}: no such YAML file')
     try:
@@ -175,10 +191,7 @@ def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f'{yaml_path}: expected a mapping of keys at the top level')
     raw.pop('variables', None)
-    apply_preset(raw)
-    config = build(TrainConfig, raw, '')
-    validate(config)
-    return config
+    return raw
 
 
 def parse_overrides(overrides: list[str]):
@@ -193,27 +206,30 @@ def first_line(error: Exception) -> str:
 
 
 def apply_preset(raw: dict) -> None:
-    """Fill ``model`` with its preset's architecture, then that of the ``model.init_from`` weights, under the keys the
-    YAML sets itself."""
+    """Fill ``model`` with its family's preset architecture, then that of the ``model.init_from`` weights, under the
+    keys the YAML sets itself."""
     model = raw.get('model')
     if not isinstance(model, dict):
         return
+    family = model.get('family', 'llama')
+    if family not in FAMILIES:
+        raise ConfigError(f"model.family: unknown family '{family}'{suggest(family, FAMILIES, 'families')}")
+    presets = FAMILIES[family].presets
     preset = model.get('preset', 'debug')
-    if preset not in PRESETS:
-        raise ConfigError(f"model.preset: unknown preset '{preset}'; choose one of {', '.join(PRESETS)}")
-    raw['model'] = {**preset_fields(preset), **weights_architecture(model.get('init_from')), **model}
+    if preset not in presets:
+        raise ConfigError(f"model.preset: unknown preset '{preset}'; choose one of {', '.join(presets)}")
+    raw['model'] = {**dataclasses.asdict(presets[preset]), **weights_architecture(model.get('init_from')), **model}
 
 
 def weights_architecture(folder) -> dict:
-    """The architecture fields, and the RoPE range, of the weights in ``folder`` (none without a folder)."""
+    """The fields the weights in ``folder`` fix, and their RoPE range (none without a folder)."""
     if not isinstance(folder, str):
         return {}
-    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config
     try:
         source = read_weights_config(folder)
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
-    return {name: getattr(source, name) for name in (*ARCHITECTURE, 'max_seq_len')}
+    return {name: getattr(source, name) for name in (*weight_fields(type(source)), 'max_seq_len')}
 
 
 def build(cls, value, path: str):
@@ -279,15 +295,12 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 
 
 def validate(config: TrainConfig) -> None:
-    """Cross-field checks that must fail before any process group or GPU memory exists."""
-    from llmfoundry_ext import registry
-
+    """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
     check_positive(config, ('global_batch_size', 'max_seq_len'))
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
-    check_init_from(config.model)
     check_objective(config)
-    check_performance(config)
+    check_parallelism(config.parallelism.fsdp)
     if config.precision not in PRECISIONS:
         raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
     if config.checkpoint.autoresume and not config.checkpoint.save_folder:
@@ -296,13 +309,10 @@ def validate(config: TrainConfig) -> None:
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
     check_console(config)
-    check_checkpoint_paths(config)
     for split in ('train', 'eval'):
         loader = getattr(config.data, split)
         if loader is not None:
-            check_loader(loader, f'data.{split}', config.max_seq_len)
-            check_tokenizer(config.data.tokenizer, loader, f'data.{split}', config.model.vocab_size)
-    registry.check_all(config)
+            check_loader(loader, f'data.{split}')
 
 
 def check_positive(config, keys) -> None:
@@ -340,6 +350,11 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
                           f'raise model.max_seq_len or shorten max_seq_len')
     if model.init_device not in ('auto', 'meta', 'cpu', 'cuda'):
         raise ConfigError(f"model.init_device: '{model.init_device}' is not one of auto, meta, cpu, cuda")
+    if model.init_from is not None and model.init_device == 'meta':
+        raise ConfigError('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 reads '
+                          'the weights on the CPU and they are broadcast)')
+    if model.sdpa_kernel not in SDPA_KERNELS:
+        raise ConfigError(f"model.sdpa_kernel: '{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}")
 
 
 def check_objective(config: TrainConfig) -> None:
@@ -355,100 +370,22 @@ def check_objective(config: TrainConfig) -> None:
         if not 0 < objective.mask_probability < 1:
             raise ConfigError(f'objective.mask_probability: must be between 0 and 1, got '
                               f'{objective.mask_probability}')
-        mask_token_id(config)
-    if config.data.document_masking:
-        eos_token_id(config)
 
 
 AC_MODES = ('none', 'full', 'selective')
 
 
-def check_performance(config: TrainConfig) -> None:
-    """Attention backend, fused kernels, float8 and FSDP2 options: each installed and consistent."""
-    import torch
-
-    from llmfoundry_ext.model.attention import SDPA_KERNELS, has_module, missing_reason
-    from llmfoundry_ext.model.fused import fused_kernels_problem
-
-    model = config.model
-    on_gpu = torch.cuda.is_available()
-    problems = {'model.attn_impl': missing_reason(model.attn_impl) or flex_on_cpu_problem(model.attn_impl, on_gpu),
-                'model.fused_kernels': fused_kernels_problem(model.fused_kernels, on_gpu)}
-    if model.sdpa_kernel not in SDPA_KERNELS:
-        problems['model.sdpa_kernel'] = f"'{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}"
-    if model.float8 and not (on_gpu and torch.cuda.get_device_capability() >= (8, 9)):
-        problems['model.float8'] = ('float8 training needs an H100-class GPU (compute capability 8.9+); '
-                                    'set model.float8=false')
-    elif model.float8 and not has_module('torchao'):
-        problems['model.float8'] = "needs the torchao package, which is not installed: pip install torchao"
-    fsdp = config.parallelism.fsdp
-    if fsdp is not None:
-        if fsdp.activation_checkpointing not in AC_MODES:
-            problems['parallelism.fsdp.activation_checkpointing'] = (
-                f"'{fsdp.activation_checkpointing}' is not one of {', '.join(AC_MODES)}")
-        if fsdp.checkpoint_every < 1:
-            problems['parallelism.fsdp.checkpoint_every'] = f'must be >= 1, got {fsdp.checkpoint_every}'
-        if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
-            problems['parallelism.fsdp.replicate_degree'] = (
-                f'{fsdp.replicate_degree} does not divide the world size {world_size()}')
-    for key, problem in problems.items():
-        if problem:
-            raise ConfigError(f'{key}: {problem}')
-
-
-def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
-    """Training with flex attention on the CPU stops at the first backward with an inductor IndexError
-    (seen with torch 2.7): refused before the run."""
-    import torch
-    if attn_impl == 'flex' and not on_gpu:
-        return (f"'flex' trains only on a GPU (on the CPU, torch {torch.__version__}'s inductor fails to compile "
-                f"its backward); set model.attn_impl=auto or sdpa on the CPU")
-    return None
-
-
-def token_id(config: TrainConfig, token: str, given: Optional[int], key: str) -> int:
-    """``given`` if set, else ``token`` looked up in data.tokenizer; checked against the vocabulary."""
-    if given is None:
-        if config.data.tokenizer is None:
-            raise ConfigError(f'{key}: not set and no data.tokenizer to look up {token!r} in; set one of them')
-        given = tokenizer(config.data.tokenizer).token_to_id(token)
-        if given is None:
-            raise ConfigError(f'{key}: data.tokenizer has no token {token!r}; set {key} to the id to use')
-    if not 0 <= given < config.model.vocab_size:
-        raise ConfigError(f'{key}: {given} is outside the vocabulary (model.vocab_size {config.model.vocab_size})')
-    return given
-
-
-def mask_token_id(config: TrainConfig) -> int:
-    objective = config.objective
-    return token_id(config, objective.mask_token, objective.mask_token_id, 'objective.mask_token_id')
-
-
-def eos_token_id(config: TrainConfig) -> int:
-    return token_id(config, config.data.eos_token, config.data.eos_token_id, 'data.eos_token_id')
-
-
-def check_init_from(model: ModelConfig) -> None:
-    """The weights to start from exist and have the architecture the YAML set (vocabulary aside when embeddings
-    are skipped); fields the YAML left out came from the weights (``apply_preset``)."""
-    if model.init_from is None:
+def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:
+    if fsdp is None:
         return
-    if model.init_device == 'meta':
-        raise ConfigError('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 reads '
-                          'the weights on the CPU and they are broadcast)')
-    from llmfoundry_ext.checkpoint import CheckpointError, read_weights_config, safetensors_files
-    try:
-        source = read_weights_config(model.init_from)
-        safetensors_files(model.init_from)
-    except CheckpointError as error:
-        raise ConfigError(f'model.init_from: {error}') from None
-    new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
-    for name in ARCHITECTURE:
-        if name == 'vocab_size' and new_vocabulary:
-            continue
-        if getattr(model, name) != getattr(source, name):
-            raise ConfigError(f'model.{name}: {getattr(model, name)} but the weights in {model.init_from} have '
-                              f'{getattr(source, name)}; set model.{name}={getattr(source, name)}')
+    if fsdp.activation_checkpointing not in AC_MODES:
+        raise ConfigError(f"parallelism.fsdp.activation_checkpointing: '{fsdp.activation_checkpointing}' is not one "
+                          f"of {', '.join(AC_MODES)}")
+    if fsdp.checkpoint_every < 1:
+        raise ConfigError(f'parallelism.fsdp.checkpoint_every: must be >= 1, got {fsdp.checkpoint_every}')
+    if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
+        raise ConfigError(f'parallelism.fsdp.replicate_degree: {fsdp.replicate_degree} does not divide the world '
+                          f'size {world_size()}')
 
 
 CONSOLES = ('line', 'full')
@@ -463,7 +400,6 @@ def check_console(config: TrainConfig) -> None:
 
 
 def check_duration(config: TrainConfig, key: str) -> None:
-    from composer.core import Time
     value = config
     for part in key.split('.'):
         value = getattr(value, part)
@@ -473,7 +409,7 @@ def check_duration(config: TrainConfig, key: str) -> None:
         raise ConfigError(f"{key}: '{value}' is not a duration; write e.g. 1000ba, 2ep, 1000000tok or 5000sp") from None
 
 
-def check_loader(loader: LoaderConfig, path: str, max_seq_len: int) -> None:
+def check_loader(loader: LoaderConfig, path: str) -> None:
     if not loader.streams:
         raise ConfigError(f'{path}.streams: needs at least one stream')
     with_proportion = [s.proportion is not None for s in loader.streams.values()]
@@ -483,87 +419,3 @@ def check_loader(loader: LoaderConfig, path: str, max_seq_len: int) -> None:
         stream_path = f'{path}.streams.{name}'
         if stream.proportion is not None and stream.proportion <= 0:
             raise ConfigError(f'{stream_path}.proportion: must be positive, got {stream.proportion}')
-        if stream.remote is None:
-            check_local_stream(stream.local, f'{stream_path}.local', max_seq_len)
-
-
-def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
-    """An MDS index that reads, windows at least ``max_seq_len`` long, and (on rank 0, which alone reads every
-    shard's size) each shard file there with the size its index gives."""
-    index_file = os.path.join(folder, 'index.json')
-    if not os.path.isfile(index_file):
-        raise ConfigError(f'{key}: no MDS dataset at {folder} (index.json missing) and no remote set; run '
-                          f'data_prep/convert_to_mds.py or fix the path')
-    try:
-        with open(index_file) as file:
-            shards = json.load(file)['shards']
-        manifest = read_manifest(folder) or {}
-    except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(f'{key}: {index_file} or its manifest is unreadable ({first_line(error)}); re-convert '
-                          f'the stream with data_prep/convert_to_mds.py') from None
-    window = manifest.get('window')
-    if window is not None and window < max_seq_len:
-        raise ConfigError(f'{key}: its windows have {window} tokens, fewer than max_seq_len {max_seq_len}; set '
-                          f'max_seq_len={window} or re-convert with --concat-tokens {max_seq_len}')
-    problem = shard_problem(folder, shards) if global_rank() == 0 else None
-    if problem:
-        raise ConfigError(f'{key}: {problem}; re-convert the stream with data_prep/convert_to_mds.py')
-
-
-def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
-    """A shard file that is missing or not the size its index gives (compressed, or already decompressed)."""
-    for shard in shards:
-        forms = [shard[kind] for kind in ('zip_data', 'raw_data') if shard.get(kind)]
-        present = [form for form in forms if os.path.isfile(os.path.join(folder, form['basename']))]
-        if not present:
-            return f"shard {forms[0]['basename']} is missing"
-        form = present[0]
-        size = os.path.getsize(os.path.join(folder, form['basename']))
-        if size != form['bytes']:
-            return f"shard {form['basename']} has {size:,} bytes where its index says {form['bytes']:,}"
-    return None
-
-
-def check_checkpoint_paths(config: TrainConfig) -> None:
-    """A save folder that can be written, and a load_path (a local one) that exists."""
-    folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
-    if folder and (reason := unwritable_reason(folder)):
-        raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
-    if load_path and '://' not in load_path and not os.path.exists(load_path):
-        raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
-                          f'ep0-ba100-rank0.pt) or remove load_path')
-
-
-def tokenizer_file(tokenizer: str) -> str:
-    """A tokenizer folder or file -> its tokenizer.json."""
-    return os.path.join(tokenizer, 'tokenizer.json') if os.path.isdir(tokenizer) else tokenizer
-
-
-def tokenizer(path: str):
-    """data.tokenizer (a folder or a tokenizer.json) read; a ConfigError if it is missing or not one."""
-    file = tokenizer_file(path)
-    if not os.path.isfile(file):
-        raise ConfigError(f'data.tokenizer: no tokenizer.json at {path}; give the folder the shards were '
-                          f'tokenized with')
-    try:
-        return read_tokenizer(file)
-    except ValueError as error:
-        raise ConfigError(f'data.tokenizer: {error}; give the folder the shards were tokenized with') from None
-
-
-def check_tokenizer(tokenizer_path: Optional[str], loader: LoaderConfig, path: str, vocab_size: int) -> None:
-    """The tokenizer fits the model's vocabulary and is the one each local stream was tokenized with."""
-    if tokenizer_path is None:
-        return
-    file = tokenizer_file(tokenizer_path)
-    size = tokenizer(tokenizer_path).get_vocab_size()
-    if size > vocab_size:
-        raise ConfigError(f'data.tokenizer: its vocabulary has {size:,} ids but model.vocab_size is '
-                          f'{vocab_size:,}; set model.vocab_size >= {size}')
-    digest = file_sha256(file)
-    for name, stream in loader.streams.items():
-        used = (read_manifest(stream.local) or {}).get('tokenizer_sha256')
-        if used is not None and used != digest:
-            raise ConfigError(f'{path}.streams.{name}: its shards were tokenized with another tokenizer than '
-                              f'data.tokenizer {tokenizer_path} (sha256 {used[:12]} vs {digest[:12]}); point '
-                              f'data.tokenizer at the one named in {stream.local}/manifest.json or re-convert')

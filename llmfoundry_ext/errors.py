@@ -1,4 +1,12 @@
-"""Errors a run stops with that a user can act on: one line, printed by ``train.main`` without a traceback."""
+"""Errors a user can act on: one line naming the problem and the fix, printed without a traceback."""
+
+
+class ConfigError(ValueError):
+    """A user error in the run configuration or its environment; one line naming the key and the fix."""
+
+
+class CheckpointError(ValueError):
+    """Weights or a checkpoint that do not fit: one line naming the tensor or file and what was expected."""
 
 
 class TrainingStopped(RuntimeError):

@@ -1,4 +1,5 @@
-"""How the model runs on the devices: float8 linears, activation checkpointing, per-block compile, FSDP2 / HSDP.
+"""How the model is spread over the devices: where it is built (``meta`` under FSDP2), float8 linears, activation
+checkpointing, per-block compile, and Composer's FSDP2 / HSDP over a (replicate, shard) mesh.
 
 Applied in torchtitan's order (``parallelize_llama``): float8 swaps the blocks' linears, activation checkpointing
 goes inside each chosen block, each block is compiled (checkpointing included), and Composer's FSDP2 then shards
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from composer.core import Callback
-from composer.utils import FSDP2Config
+from composer.utils import FSDP2Config, dist
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
@@ -26,6 +27,17 @@ SAVED_OPS = ('aten.mm.default', 'aten._scaled_dot_product_efficient_attention.de
              'aten._scaled_dot_product_fused_attention_overrideable.default',
              '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default', 'torch_attn._varlen_attn.default')
 SAVED_HIGHER_ORDER_OPS = ('flex_attention', 'inductor_compiled_code')
+
+
+def init_device(config: TrainConfig) -> str:
+    """``model.init_device``; auto: ``meta`` under FSDP2 on GPUs (each rank materialises its shards), but rank 0
+    builds on the CPU to load ``init_from`` (Composer then broadcasts its weights to the other ranks' shards);
+    ``cpu`` otherwise."""
+    if config.model.init_device != 'auto':
+        return config.model.init_device
+    if not (torch.cuda.is_available() and config.parallelism.fsdp):
+        return 'cpu'
+    return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
 def parallelize(transformer: Transformer, config: TrainConfig) -> list[Callback]:

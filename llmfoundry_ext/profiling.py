@@ -184,50 +184,6 @@ class ProfileSteps(Callback):
             state.stop_training()
 
 
-def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batches: int,
-                       mean_document_tokens: int = 0) -> str:
-    """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps), no checkpoints
-    and no loggers: what a profile or a benchmark of the model needs. With ``mean_document_tokens``, EOS ends
-    documents of random lengths (geometric, that mean), so document masking has documents to keep apart. The
-    tokens depend only on the arguments, so rows of a benchmark train on the same data. Returns the YAML's path."""
-    from omegaconf import OmegaConf
-
-    from data_prep.packing import write_mds
-    from llmfoundry_ext.config import parse_overrides
-
-    raw = OmegaConf.to_container(OmegaConf.merge(OmegaConf.load(yaml_path), parse_overrides(overrides)), resolve=True)
-    raw.pop('variables', None)
-    vocab = raw['model'].get('vocab_size', 128256)
-    eos = min(LLAMA3_EOS, vocab - 1)
-    windows = random_windows(batches * raw['global_batch_size'], raw['max_seq_len'], vocab, eos, mean_document_tokens)
-    write_mds(f'{folder}/tokens', windows, {'source': 'synthetic', 'window': raw['max_seq_len']})
-    raw['data'] = {'train': {'streams': {'synthetic': {'local': f'{folder}/tokens'}}},
-                   'document_masking': raw.get('data', {}).get('document_masking', False), 'eos_token_id': eos}
-    raw['checkpoint'] = {'save_folder': None, 'autoresume': False}
-    raw['callbacks'] = {name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'}
-    raw['loggers'] = {}
-    path = f'{folder}/run.yaml'
-    OmegaConf.save(raw, path)
-    return path
-
-
-LLAMA3_EOS = 128001  # <|end_of_text|>
-
-
-def random_windows(count: int, window: int, vocab: int, eos: int, mean_document_tokens: int):
-    """``count`` uint32 windows of random non-EOS tokens, seeded; EOS after each document if a mean is given."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    for _ in range(count):
-        tokens = rng.integers(0, vocab - 1, window, dtype=np.uint32)
-        tokens[tokens >= eos] += 1  # every id but EOS
-        if mean_document_tokens:
-            ends = np.cumsum(rng.geometric(1 / mean_document_tokens, window)) - 1
-            tokens[ends[ends < window]] = eos
-        yield tokens
-
-
 class SyncReport(Callback):
     """Lists where batch ``batch`` (counted from 0 in this invocation) made the host wait for the GPU: each
     synchronizing CUDA call (``.item()``, ``torch.equal``, a blocking copy; torch's sync debug mode) with the

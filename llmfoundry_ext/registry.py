@@ -13,7 +13,8 @@ from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
 from llmfoundry_ext.callbacks.step_monitor import StepMonitor
 from llmfoundry_ext.callbacks.stop_after import StopAfter
 from llmfoundry_ext.clipping import GradientClipping
-from llmfoundry_ext.config import ConfigError, suggest
+from llmfoundry_ext.config import suggest
+from llmfoundry_ext.errors import ConfigError
 
 CALLBACKS = {
     'speed_monitor': callbacks.SpeedMonitor,

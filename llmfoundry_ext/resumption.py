@@ -20,7 +20,7 @@ from composer.utils import dist
 from composer.utils.checkpoint import get_save_filename
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
 
 LATEST = 'latest-rank0.pt'  # Composer's link to the checkpoint autoresume loads (rank 0's; sharded runs share it)

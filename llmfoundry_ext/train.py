@@ -1,15 +1,22 @@
-"""Config -> Composer Trainer -> fit. ``main(argv)`` is what ``composer train.py <yaml> key=value ...`` runs."""
+"""YAML -> config -> preflight -> Composer Trainer -> fit. ``main(argv)`` is what ``composer train.py <yaml>
+key=value ...`` runs."""
 import dataclasses
 import os
 import sys
 
-import torch
+from composer.loggers import InMemoryLogger
+from composer.utils import dist, get_device, reproducibility
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.config import ConfigError, TrainConfig, global_rank, load, world_size
+from llmfoundry_ext.build import build_trainer
+from llmfoundry_ext.callbacks.console_line import total_batches
+from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
-from llmfoundry_ext.errors import TrainingStopped
+from llmfoundry_ext.errors import ConfigError, TrainingStopped
+from llmfoundry_ext.parallelism import describe_checkpointing
+from llmfoundry_ext.preflight import Run, prepare
+from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
 
 DIST_TIMEOUT_SECONDS = 300.0
 USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
@@ -21,13 +28,12 @@ def main(argv: list[str]) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     try:
-        config = load(argv[0], argv[1:])
-        check_hardware(config)
+        run = prepare(argv[0], argv[1:])
     except ConfigError as error:
         print(f'config error: {error}', file=sys.stderr)
         return 2
     try:
-        train(config)
+        train(run)
     except TrainingStopped as stop:
         if global_rank() == 0:
             print(f'error: {stop}', file=sys.stderr)
@@ -35,20 +41,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def check_hardware(config: TrainConfig) -> None:
-    if config.precision != 'fp32' and not torch.cuda.is_available():
-        raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
+def train(run: Run, extra_callbacks: list = (), model=None):
+    """Build everything from the preflighted run, print the start summary, fit, and return the Trainer.
 
-
-def train(config: TrainConfig, extra_callbacks: list = (), model=None):
-    """Build everything from the config, print the start summary, fit, and return the Trainer.
-
-    ``model``: a ComposerModel to train instead of the config's Llama (the benchmark's HF baseline)."""
-    from composer.utils import dist, get_device, reproducibility
-
-    from llmfoundry_ext.build import build_trainer
-    from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
-
+    ``model``: a ComposerModel to train instead of the config's (the benchmark's HF baseline)."""
+    config = run.config
     reproducibility.seed_all(config.seed)
     device = get_device(None)
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
@@ -59,10 +56,10 @@ def train(config: TrainConfig, extra_callbacks: list = (), model=None):
     if config.checkpoint.autoresume and config.checkpoint_folder:
         prepare_autoresume_on_rank_zero(config.checkpoint_folder)
     dist.barrier()
-    trainer = build_trainer(config, device, extra_callbacks, model)
+    trainer = build_trainer(run, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1
     if dist.get_global_rank() == 0:
-        print(start_summary(config, trainer), flush=True)
+        print(start_summary(run, trainer), flush=True)
         if int(trainer.state.timestamp.batch):
             for warning in data_order_changes(config):
                 print(warning, flush=True)
@@ -113,26 +110,22 @@ def to_text(value) -> str:
     return str(value)
 
 
-def start_summary(config: TrainConfig, trainer) -> str:
+def start_summary(run: Run, trainer) -> str:
     """What this run is, in the numbers a user checks first; says whether it resumed."""
-    from llmfoundry_ext.callbacks.console_line import total_batches
-    from llmfoundry_ext.model.attention import choose_backend
-    from llmfoundry_ext.parallelism import describe_checkpointing
-
+    config, architecture = run.config, run.architecture
     state = trainer.state
     model = config.model
     batches = total_batches(state)
     resumed = int(state.timestamp.batch)
     lines = [
-        f'run {config.run_name}: Llama preset {model.preset} ({model.llama().num_params():,} parameters, '
-        f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
-        f'  world size {world_size()}, precision {config.precision}, attention '
-        f'{choose_backend(model.attn_impl, config.data.document_masking, torch.cuda.is_available())}'
+        f'run {config.run_name}: {model.family.capitalize()} preset {model.preset} ({architecture.num_params():,} '
+        f'parameters, {model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
+        f'  world size {world_size()}, precision {config.precision}, attention {run.kernels.attn_impl}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}, {describe_checkpointing(config)}, compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
-        f'{config.max_seq_len}; FLOPs per token {model.llama().flops_per_token(config.max_seq_len):,}',
+        f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
         f'  checkpoints in {config.checkpoint_folder}',
         (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
@@ -170,7 +163,6 @@ def end_summary(config: TrainConfig, trainer) -> str:
 
 
 def logged_history(trainer) -> dict:
-    from composer.loggers import InMemoryLogger
     for destination in trainer.logger.destinations:
         if isinstance(destination, InMemoryLogger):
             return destination.data

@@ -22,9 +22,10 @@ from streaming import MDSWriter
 
 from data_prep.convert import Job, convert, usable_cores, worker_pool
 from data_prep.demo_corpus import demo_corpus
-from data_prep.packing import TOKENS_COLUMN, pack
+from data_prep.packing import pack
 from data_prep.sources import parse_source
 from data_prep.train_tokenizer import EOS, train_bpe
+from llmfoundry_ext.data.mds import COLUMNS
 
 
 def read_texts(folder: str):
@@ -40,7 +41,7 @@ def baseline(folder: str, tokenizer_file: str, window: int, out: str) -> int:
     eos = tokenizer.convert_tokens_to_ids(EOS)
     documents = (tokenizer(text, truncation=False, padding=False)['input_ids'] + [eos] for text in read_texts(folder))
     windows = 0
-    with MDSWriter(out=out, columns=TOKENS_COLUMN, compression='zstd') as writer:
+    with MDSWriter(out=out, columns=COLUMNS, compression='zstd') as writer:
         for window_tokens in pack(documents, window):
             writer.write({'tokens': window_tokens})
             windows += 1

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from data_prep.packing import write_mds
 from llmfoundry_ext.config import LoaderConfig, StreamConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
+from llmfoundry_ext.data.mds import write_mds
 
 H100_1B_TOKENS_PER_SECOND = 50_000
 TARGET = 20 * H100_1B_TOKENS_PER_SECOND

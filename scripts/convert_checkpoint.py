@@ -11,8 +11,10 @@ import sys
 
 import torch
 
-from llmfoundry_ext.checkpoint import MAX_SHARD_SIZE, CheckpointError, export_to_hf, import_from_hf
+from llmfoundry_ext.checkpoint import export_to_hf
 from llmfoundry_ext.cli import ArgumentParser, unwritable_reason
+from llmfoundry_ext.errors import CheckpointError
+from llmfoundry_ext.weights import MAX_SHARD_SIZE, import_from_hf
 
 
 def shard_size(text: str) -> str:

@@ -1,7 +1,8 @@
 """Prepare the demo corpus and train on it with a stop and an autoresume: ``make demo``."""
-import sys
-
-from llmfoundry_ext.demo import main
+from data_prep.demo_corpus import write_demo_data
+from llmfoundry_ext.demo import demo_yaml, train_demo
 
 if __name__ == '__main__':
-    sys.exit(main())
+    raw = demo_yaml()
+    write_demo_data(raw.variables.data_root, window=raw.max_seq_len)
+    train_demo(raw)

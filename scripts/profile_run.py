@@ -16,9 +16,13 @@ import shutil
 import sys
 import tempfile
 
-from llmfoundry_ext.config import ConfigError, load
-from llmfoundry_ext.profiling import (ProfileSteps, SyncReport, category_table, format_table, self_times,
-                                      synthetic_run_yaml)
+from composer.utils import dist, get_device
+
+from llmfoundry_ext.errors import ConfigError
+from llmfoundry_ext.preflight import prepare
+from llmfoundry_ext.profiling import ProfileSteps, SyncReport, category_table, format_table, self_times
+from llmfoundry_ext.synthetic import synthetic_run_yaml
+from llmfoundry_ext.train import train
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +35,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='also write the table here')
     parser.add_argument('--syncs', action='store_true', help="list the last warm-up batch's host syncs")
     args = parser.parse_args(argv)
-    from composer.utils import dist, get_device
     dist.initialize_dist(get_device(None))
     folder = shared_folder()
     try:
@@ -60,9 +63,6 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[Profil
     """Train the YAML on random tokens written into ``folder`` (by each node's local rank 0), profiling the
     chosen steps (and with ``--syncs`` listing the last warm-up step's host syncs); None after a configuration
     error (printed once per node)."""
-    from composer.utils import dist
-
-    from llmfoundry_ext.train import train
     error = None
     if dist.get_local_rank() == 0:
         try:
@@ -71,7 +71,7 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[Profil
             error = raised
     dist.barrier()
     try:
-        config = load(os.path.join(folder, 'run.yaml'))
+        run = prepare(os.path.join(folder, 'run.yaml'))
     except ConfigError as raised:
         error = error or raised
     if error is not None:
@@ -80,14 +80,13 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[Profil
         return None, None
     profiler = ProfileSteps(args.warmup, args.steps)
     syncs = SyncReport(args.warmup - 1) if args.syncs else None
-    train(config, extra_callbacks=[profiler] + ([syncs] if syncs else [])).close()
+    train(run, extra_callbacks=[profiler] + ([syncs] if syncs else [])).close()
     return profiler, syncs
 
 
 def shared_folder() -> str:
     """A new temporary folder, at one path on every rank (streaming wants every rank's data at one path); each
     node's local rank 0 writes the synthetic data into it."""
-    from composer.utils import dist
     folder = [tempfile.mkdtemp(prefix='profile_run-') if dist.get_global_rank() == 0 else None]
     dist.broadcast_object_list(folder)
     os.makedirs(folder[0], exist_ok=True)

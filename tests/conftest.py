@@ -1,4 +1,5 @@
 """Shared fixtures: tiny MDS datasets and YAML files; the ``gpu`` marker skips without a GPU."""
+import copy
 import os
 import shutil
 import sys
@@ -8,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from data_prep.packing import write_mds
+from llmfoundry_ext.data.mds import write_mds
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSER = shutil.which('composer', path=os.path.dirname(sys.executable)) or shutil.which('composer')
@@ -113,3 +114,34 @@ def write_yaml(data: dict, path) -> str:
     with open(path, 'w') as file:
         yaml.safe_dump(data, file)
     return str(path)
+
+
+def change(path: str, value):
+    """A function that sets ``path`` (dotted) in a config dict; value ``DELETE`` removes the key."""
+    def apply(config: dict):
+        *parents, last = path.split('.')
+        for key in parents:
+            config = config.setdefault(key, {})
+        if value == 'DELETE':
+            del config[last]
+        else:
+            config[last] = value
+    return apply
+
+
+def changes(*pairs):
+    def apply(config: dict):
+        for path, value in pairs:
+            change(path, value)(config)
+    return apply
+
+
+def config_error(read, tiny_config: dict, tmp_path, mutate) -> str:
+    """The ConfigError line that ``read`` (config.load or preflight.prepare) raises for ``tiny_config`` as
+    ``mutate`` changes it."""
+    from llmfoundry_ext.errors import ConfigError
+    config = copy.deepcopy(tiny_config)
+    mutate(config)
+    with pytest.raises(ConfigError) as caught:
+        read(write_yaml(config, tmp_path / 'run.yaml'))
+    return str(caught.value)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from data_prep.convert_to_mds import main as convert_main
-from data_prep.packing import write_mds
+from llmfoundry_ext.data.mds import write_mds
 from data_prep.train_tokenizer import train_bpe
-from llmfoundry_ext.config import load
-from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.train import main as train_main
 from llmfoundry_ext.train import train
+from llmfoundry_ext.preflight import prepare
 from scripts.convert_checkpoint import main as checkpoint_main
 from tests.conftest import write_yaml
 from tests.data_prep.test_sources import write_parquet
@@ -50,7 +50,7 @@ def world(tmp_path_factory) -> dict:
               'parallelism': {'fsdp': None}, 'loggers': {}, 'progress_bar': False,
               'checkpoint': {'save_folder': str(root / 'run'), 'save_interval': '2ba'}}
     w['config'], w['yaml'] = config, write_yaml(config, root / 'run.yaml')
-    train(load(w['yaml'])).close()
+    train(prepare(w['yaml'])).close()
     w['run'] = str(root / 'run')
     assert checkpoint_main(['to-hf', w['run'], str(root / 'hf'), '--dtype', 'float32']) == 0
     w['hf'] = str(root / 'hf')

@@ -2,11 +2,11 @@
 import os
 import re
 
-from data_prep.packing import write_mds
+from llmfoundry_ext.data.mds import write_mds
 from data_prep.train_tokenizer import train_bpe
-from llmfoundry_ext.config import load
 from llmfoundry_ext.plotting import plot_run, read_scalars
 from llmfoundry_ext.train import train
+from llmfoundry_ext.preflight import prepare
 from tests.conftest import REPO, random_windows, write_yaml
 
 MONITORS = {'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {},
@@ -32,11 +32,11 @@ def demo_data(root) -> str:
 
 def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):
     monitors = [f'callbacks.{name}={value}' for name, value in MONITORS.items()]
-    config = load(os.path.join(REPO, 'yamls', 'demo.yaml'), [
+    run = prepare(os.path.join(REPO, 'yamls', 'demo.yaml'), [
         f'variables.data_root={demo_data(tmp_path / "data")}', f'checkpoint.save_folder={tmp_path}/{{run_name}}',
         f'callbacks.sample_ledger.folder={tmp_path}/ledger', 'max_duration=6ba', 'global_batch_size=4',
         'model.n_layers=2', 'parallelism.fsdp=null', *monitors])
-    train(config).close()
+    train(run).close()
     scalars = read_scalars(str(tmp_path / 'demo' / 'tensorboard'))
     missing = [tag for tag in EXPECTED_TAGS if tag not in scalars]
     assert missing == []
@@ -54,8 +54,8 @@ def test_plot_run_draws_every_logged_batch_across_invocations(tiny_config, tmp_p
     tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}},
                                    'shuffle': False}
     path = write_yaml(tiny_config, tmp_path / 'run.yaml')
-    train(load(path, ['callbacks.stop_after.batches=4'])).close()
-    train(load(path)).close()  # resumed: a second event file
+    train(prepare(path, ['callbacks.stop_after.batches=4'])).close()
+    train(prepare(path)).close()  # resumed: a second event file
     tensorboard = str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard')
     drawn = plot_run(tensorboard, str(tmp_path / 'run.png'))
     # SpeedMonitor logs once its window (2) is full in an invocation: batches 3 and 4; the second invocation has

@@ -10,10 +10,14 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from llmfoundry_ext.checkpoint import (CheckpointError, export_to_hf, hf_config, import_from_hf, load_hf,
-                                       load_into, load_weights_folder, read_composer_model, save_hf)
-from llmfoundry_ext.config import ConfigError, load
+from llmfoundry_ext.build import build_model
+from llmfoundry_ext.checkpoint import export_to_hf, read_composer_model
+from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from llmfoundry_ext.model.llama_hf import config_from_hf, hf_config
+from llmfoundry_ext.preflight import prepare
+from llmfoundry_ext.train import train
+from llmfoundry_ext.weights import import_from_hf, load_hf, load_into, load_weights_folder, save_hf
 from scripts.convert_checkpoint import main as checkpoint_main
 from tests.conftest import COMPOSER, REPO, write_yaml
 
@@ -61,7 +65,7 @@ def test_transformers_model_gives_its_logits_in_ours(name, tmp_path):
     reference = transformers_model(config, tmp_path, seed=2).eval()
     reference.save_pretrained(tmp_path / 'hf', safe_serialization=True)
     loaded_config, tensors = load_hf(str(tmp_path / 'hf'))
-    assert dataclasses.replace(loaded_config, attn_impl='auto') == config
+    assert loaded_config == config
     model = Transformer(loaded_config).eval()
     load_into(model, tensors)
     with torch.no_grad():
@@ -159,10 +163,9 @@ def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tm
 
 
 def test_trained_monolithic_checkpoint_to_hf_matches_our_logits(tiny_config, tmp_path):
-    from llmfoundry_ext.train import train
     config = run_config(tiny_config, SOURCE)
     config['parallelism'] = {'fsdp': None}
-    trainer = train(load(write_yaml(config, tmp_path / 'run.yaml')))
+    trainer = train(prepare(write_yaml(config, tmp_path / 'run.yaml')))
     trained = trainer.state.model.model.eval()
     trainer.close()
     checkpoint = export_to_hf(str(tmp_path / 'checkpoints' / 'tiny'), str(tmp_path / 'hf'), torch.float32)
@@ -172,15 +175,14 @@ def test_trained_monolithic_checkpoint_to_hf_matches_our_logits(tiny_config, tmp
 
 
 def test_init_from_alone_takes_the_architecture_from_the_hf_folder_and_trains(tiny_config, tmp_path):
-    from llmfoundry_ext.train import train
     source_config = dataclasses.replace(SOURCE, norm_eps=1e-6, rope_low_freq_factor=2.0, rope_high_freq_factor=8.0)
     source = hf_reference(tmp_path, source_config)
     tiny_config['model'] = {'init_from': source}  # no preset, no architecture field
     tiny_config.update(max_duration='2ba', parallelism={'fsdp': None}, scheduler=None,
                        optimizer={'name': 'adamw', 'lr': 0.0, 'weight_decay': 0.0})
-    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
-    assert dataclasses.replace(config.model.llama(), attn_impl='auto') == source_config
-    trainer = train(config)
+    run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    assert run.architecture == source_config
+    trainer = train(run)
     trained = trainer.state.model.model.eval()
     assert trainer.state.timestamp.batch.value == 2
     trainer.close()
@@ -190,11 +192,10 @@ def test_init_from_alone_takes_the_architecture_from_the_hf_folder_and_trains(ti
 
 
 def test_new_vocabulary_keeps_every_other_tensor(tiny_config, tmp_path):
-    from llmfoundry_ext.build import build_model
     source = hf_reference(tmp_path, SOURCE)
-    config = load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, vocab_size=1000,
+    run = prepare(write_yaml(run_config(tiny_config, SOURCE, init_from=source, vocab_size=1000,
                                         init_skip=['embed_tokens', 'lm_head']), tmp_path / 'run.yaml'))
-    model = build_model(config)[0].model
+    model = build_model(run)[0].model
     _, original = load_hf(source)
     state = model.state_dict()
     kept = [name for name in state if name not in ('embed_tokens.weight', 'lm_head.weight')]
@@ -225,14 +226,14 @@ def test_weights_of_another_architecture_name_the_missing_tensor():
 def test_init_from_another_shape_is_a_config_error(tiny_config, tmp_path):
     source = hf_reference(tmp_path, SOURCE)
     with pytest.raises(ConfigError) as caught:
-        load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, ffn_dim=128), tmp_path / 'run.yaml'))
+        prepare(write_yaml(run_config(tiny_config, SOURCE, init_from=source, ffn_dim=128), tmp_path / 'run.yaml'))
     assert str(caught.value) == f'model.ffn_dim: 128 but the weights in {source} have 96; set model.ffn_dim=96'
 
 
 def test_init_from_with_a_meta_build_is_a_config_error(tiny_config, tmp_path):
     source = hf_reference(tmp_path, SOURCE)
     with pytest.raises(ConfigError) as caught:
-        load(write_yaml(run_config(tiny_config, SOURCE, init_from=source, init_device='meta'), tmp_path / 'r.yaml'))
+        prepare(write_yaml(run_config(tiny_config, SOURCE, init_from=source, init_device='meta'), tmp_path / 'r.yaml'))
     assert str(caught.value) == ('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 '
                                  'reads the weights on the CPU and they are broadcast)')
 
@@ -252,12 +253,11 @@ def test_non_llama_and_pickled_checkpoints_are_refused(tmp_path):
 
 
 def test_rope_settings_read_from_transformers_4_and_5_config_formats():
-    from llmfoundry_ext.checkpoint import llama_config_from_hf
     base = {k: v for k, v in save_config(SOURCE).items() if k not in ('rope_theta', 'rope_scaling')}
     llama3 = {'rope_type': 'llama3', 'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0,
               'original_max_position_embeddings': 16}
-    version_4 = llama_config_from_hf({**base, 'rope_theta': 500000.0, 'rope_scaling': llama3})
-    version_5 = llama_config_from_hf({**base, 'rope_parameters': {**llama3, 'rope_theta': 500000.0}})
-    assert version_4 == version_5 == dataclasses.replace(SOURCE, attn_impl='auto')
-    plain = llama_config_from_hf({**base, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000.0}})
+    version_4 = config_from_hf({**base, 'rope_theta': 500000.0, 'rope_scaling': llama3})
+    version_5 = config_from_hf({**base, 'rope_parameters': {**llama3, 'rope_theta': 500000.0}})
+    assert version_4 == version_5 == SOURCE
+    plain = config_from_hf({**base, 'rope_parameters': {'rope_type': 'default', 'rope_theta': 10000.0}})
     assert (plain.rope_theta, plain.rope_scaling_factor) == (10000.0, 1.0)

@@ -6,9 +6,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
+from llmfoundry_ext.preflight import prepare
 from tests.conftest import write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
@@ -30,7 +32,7 @@ def run_config(tiny_config, tmp_path, mode: str, every: int = 1, compile_blocks:
 def test_checkpointed_blocks_and_their_description(tiny_config, tmp_path, mode, every, blocks, text):
     tiny_config['model']['n_layers'] = 5
     config = run_config(tiny_config, tmp_path, mode, every)
-    assert [block.layer_id for block in checkpointed_blocks(Transformer(config.model.llama()), config)] == blocks
+    assert [block.layer_id for block in checkpointed_blocks(Transformer(config.model.architecture()), config)] == blocks
     assert describe_checkpointing(config) == text
 
 
@@ -123,9 +125,8 @@ def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, l
     call, so its unit is gathered for it."""
     from torch.distributed.fsdp import FSDPModule
 
-    from llmfoundry_ext.build import build_trainer
     tiny_config['model']['tie_embeddings'] = False
-    trainer = build_trainer(load(write_yaml(tiny_config, tmp_path / 'untied.yaml')))
+    trainer = build_trainer(prepare(write_yaml(tiny_config, tmp_path / 'untied.yaml')))
     transformer = trainer.state.model.model
     assert [name for name, m in transformer.named_modules() if isinstance(m, FSDPModule)] == [
         '', 'embed_tokens', 'layers.0', 'layers.1', 'lm_head']

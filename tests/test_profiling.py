@@ -3,7 +3,6 @@ Chrome traces compare by category, busy and idle time."""
 import json
 import os
 import subprocess
-import sys
 import warnings
 
 import pytest

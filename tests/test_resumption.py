@@ -12,11 +12,11 @@ import pytest
 import torch
 from composer.core import Callback
 
-from llmfoundry_ext.config import load
-from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
 from llmfoundry_ext.resumption import LATEST, SEAL, prepare_autoresume, problem, seal
 from llmfoundry_ext.train import main, train
+from llmfoundry_ext.preflight import prepare
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 
@@ -161,7 +161,7 @@ def test_non_finite_loss_or_weights_stop_before_the_checkpoint(tiny_config, tmp_
     tiny_config['checkpoint']['save_interval'] = '2ba'
     path = write_yaml(tiny_config, tmp_path / 'run.yaml')
     with pytest.raises(TrainingStopped) as stopped:
-        train(load(path), extra_callbacks=[PoisonWeights(6, event)])
+        train(prepare(path), extra_callbacks=[PoisonWeights(6, event)])
     assert str(stopped.value) == message
     folder = tmp_path / 'checkpoints' / 'tiny'
     assert sorted(name for name in os.listdir(folder) if name.startswith('ep')) == ['ep0-ba2', 'ep0-ba4']

@@ -7,7 +7,8 @@ import subprocess
 import pytest
 import torch
 
-from llmfoundry_ext.config import load
+from llmfoundry_ext.build import build_collator
+from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train
 from tests.conftest import COMPOSER, REPO, write_yaml
 
@@ -16,8 +17,8 @@ def test_resume_warns_when_the_data_order_settings_changed(tiny_config, tmp_path
     tiny_config['parallelism'] = {'fsdp': None}
     tiny_config['max_duration'] = '2ba'
     path = write_yaml(tiny_config, tmp_path / 'run.yaml')
-    train(load(path)).close()
-    train(load(path, ['max_duration=3ba', 'data.train.shuffle_seed=4', 'data.train.num_workers=1'])).close()
+    train(prepare(path)).close()
+    train(prepare(path, ['max_duration=3ba', 'data.train.shuffle_seed=4', 'data.train.num_workers=1'])).close()
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith('warning:')]
     assert warnings == ['warning: data.train.shuffle_seed changed since the checkpointed run (3 -> 4): the sample '
                         'order will not continue exactly where it stopped']
@@ -28,7 +29,7 @@ def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):
     tiny_config.update(parallelism={'fsdp': None}, max_duration='4ba', eval_interval='2ba', loggers={'in_memory': {}})
     tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}},
                                    'shuffle': False}
-    trainer = train(load(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    trainer = train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
     history = logged_history(trainer)
     trainer.close()
     losses = [(int(t.batch), float(v)) for t, v in history['metrics/eval/LanguageCrossEntropy']]
@@ -39,15 +40,14 @@ def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):
 
 
 def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):
-    from llmfoundry_ext.build import build_collator
     tiny_config.update(parallelism={'fsdp': None}, max_duration='2ba',
                        objective={'name': 'mlm', 'mask_token_id': 1, 'mask_probability': 0.3})
     tiny_config['model']['causal'] = False
-    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
-    batch = build_collator(config)([{'tokens': torch.arange(2, 40), 'sample_id': 5}])
+    run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    batch = build_collator(run)([{'tokens': torch.arange(2, 40), 'sample_id': 5}])
     masked = batch['input_ids'] == 1
     assert masked.any() and torch.equal(batch['labels'][masked], torch.arange(2, 34)[masked[0]])
-    trainer = train(config)
+    trainer = train(run)
     assert 5.5 < float(trainer.state.loss) < 7.0  # about ln(512) on random tokens
     trainer.close()
 
@@ -56,10 +56,10 @@ LAYOUT_SCRIPT = """
 import sys
 from composer.utils import dist, get_device
 from llmfoundry_ext.build import build_trainer
-from llmfoundry_ext.config import load
+from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import parallel_layout
 dist.initialize_dist(get_device(None))
-trainer = build_trainer(load(sys.argv[1]))
+trainer = build_trainer(prepare(sys.argv[1]))
 block = trainer.state.model.model.layers[1]
 print(f'rank {dist.get_global_rank()}: {parallel_layout(trainer)}; block 1 {type(block).__name__} on mesh '
       f'{next(block.parameters()).device_mesh.mesh_dim_names}', flush=True)

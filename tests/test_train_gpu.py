@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from data_prep.packing import write_mds
-from llmfoundry_ext.build import build_trainer, resolve_init_device
-from llmfoundry_ext.config import load
+from llmfoundry_ext.data.mds import write_mds
+from llmfoundry_ext.build import build_trainer
+from llmfoundry_ext.parallelism import init_device
+from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.model.attention import attend
-from llmfoundry_ext.train import logged_history
+from llmfoundry_ext.train import logged_history, train
 from tests.conftest import write_yaml
 
 pytestmark = pytest.mark.gpu
@@ -30,10 +31,10 @@ def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path):
     tiny_config['model']['dim'] = 128
     tiny_config['optimizer']['lr'] = 3e-3
     tiny_config['callbacks'] = {}
-    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
-    assert resolve_init_device(config) == 'meta'
+    run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    assert init_device(run.config) == 'meta'
 
-    trainer = build_trainer(config)  # shards with FSDP2, then materialises and initialises each shard
+    trainer = build_trainer(run)  # shards with FSDP2, then materialises and initialises each shard
     assert trainer.state.train_dataloader.pin_memory
     down_proj = trainer.state.model.model.layers[0].mlp.down_proj.weight
     assert type(down_proj).__name__ == 'DTensor' and down_proj.device.type == 'cuda'
@@ -60,11 +61,10 @@ def test_gpu_metrics_reach_tensorboard(tiny_config, tmp_path):
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from llmfoundry_ext.train import train
     tiny_config.update(precision='amp_bf16', max_duration='6ba', callbacks={
         'speed_monitor': {'window_size': 2}, 'memory_monitor': {}, 'system_metrics_monitor': {}, 'step_monitor': {}})
     tiny_config.pop('loggers', None)
-    train(load(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
+    train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
     (events,) = glob.glob(str(tmp_path / 'checkpoints' / 'tiny' / 'tensorboard' / 'tiny' / 'events.out.tfevents.*'))
     accumulator = EventAccumulator(events)
     accumulator.Reload()

@@ -10,13 +10,14 @@ from streaming import Stream, StreamingDataLoader, StreamingDataset
 
 from llmfoundry_ext.config import LoaderConfig
 from llmfoundry_ext.data.collate import Collator
+from llmfoundry_ext.data.mds import TOKENS
 
 
 class TokenWindows(StreamingDataset):
     """Samples of an MDS ``tokens`` column (uint32), as int64 tensors with their global sample index."""
 
     def __getitem__(self, index: int) -> dict:
-        tokens = super().__getitem__(index)['tokens']
+        tokens = super().__getitem__(index)[TOKENS]
         return {'tokens': torch.from_numpy(tokens.astype(np.int64)), 'sample_id': index}
 
 

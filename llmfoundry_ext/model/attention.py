@@ -7,13 +7,10 @@ takes: a bool matrix (sdpa, eager), cu_seqlens (varlen, flash) or a BlockMask (f
 import functools
 import importlib.util
 import inspect
-import logging
 from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
-
-log = logging.getLogger(__name__)
 
 BACKENDS = ('auto', 'sdpa', 'flash', 'varlen', 'flex', 'eager')
 SDPA_KERNELS = ('auto', 'cudnn', 'flash', 'efficient', 'math')
@@ -66,12 +63,6 @@ def choose_backend(impl: str, document_masking: bool, on_gpu: bool) -> str:
     if not (document_masking and on_gpu):
         return 'sdpa'
     return next((backend for backend in ('varlen', 'flex', 'flash') if missing_reason(backend) is None), 'sdpa')
-
-
-@functools.lru_cache(maxsize=None)
-def log_choice(impl: str, backend: str, document_masking: bool) -> None:
-    log.info(f"attention: attn_impl '{impl}' runs as '{backend}'"
-             f"{' with document masking' if document_masking else ''}")
 
 
 class Documents(NamedTuple):

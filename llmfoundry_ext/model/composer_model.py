@@ -14,29 +14,31 @@ class LlamaLM(ComposerModel):
 
     Labels are aligned with positions (the collator shifts them for causal LM), so the same loss serves
     masked LM. The Transformer is the only child, as Composer's FSDP2 policy expects; it may be on
-    ``meta`` (the metrics are built here, on the CPU). With the fused cross_entropy kernel, training forwards
-    return the loss itself (the logits never exist); evaluation still computes logits for its metrics.
+    ``meta`` (the metrics are built here, on the CPU). The loss is chosen once, here: with the fused cross_entropy
+    kernel the training forward returns the loss itself (the logits never exist) and evaluation computes logits for
+    its metrics; otherwise the forward returns logits and the cross-entropy (compiled or not) takes them.
     """
 
     def __init__(self, model: Transformer, compile_loss: bool = False):
         super().__init__()
         self.config = model.config
         self.model = model
+        self.fused_loss = model.kernels.fused_loss
         self.cross_entropy = compiled_cross_entropy() if compile_loss else token_mean_cross_entropy
         self.eval_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy(),
                              'LanguagePerplexity': LanguagePerplexity()}
 
     def forward(self, batch: dict) -> torch.Tensor:
-        fused_loss = 'cross_entropy' in self.config.fused_kernels
-        return self.model(batch['input_ids'], batch.get('position_ids'), batch['labels'] if fused_loss else None)
+        """The loss (fused) or logits [B, S, vocab]."""
+        labels = batch['labels'] if self.fused_loss else None
+        return self.model(batch['input_ids'], batch.get('position_ids'), labels)
 
     def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
-        if outputs.dim() == 0:  # already the loss (fused cross_entropy)
-            return outputs
-        return self.cross_entropy(outputs, batch['labels'])
+        return outputs if self.fused_loss else self.cross_entropy(outputs, batch['labels'])
 
     def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
-        if outputs is not None and outputs.dim() == 3:
+        """Logits: the training forward's, or (fused loss, or none given) a forward of their own."""
+        if outputs is not None and not self.fused_loss:
             return outputs
         return self.model(batch['input_ids'], batch.get('position_ids'))
 

@@ -5,7 +5,7 @@ The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}
 ``layers.{i}.mlp.gate_proj``, ``norm``) so HF conversion is a rename of the ``model.`` prefix.
 """
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -13,12 +13,14 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from llmfoundry_ext.model import fused
-from llmfoundry_ext.model.attention import attend, attention_mask, choose_backend, log_choice
+from llmfoundry_ext.model.attention import attend, attention_mask, choose_backend
+from llmfoundry_ext.model.kernels import KernelConfig
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Architecture of one Llama model; every field matches an HF ``LlamaConfig`` key by meaning."""
+    """Architecture of one Llama model; every field matches an HF ``LlamaConfig`` key by meaning. Fields marked
+    ``weights: False`` describe how the weights are used, not the weights (``weight_fields``)."""
     dim: int = 4096
     n_layers: int = 32
     n_heads: int = 32
@@ -31,12 +33,9 @@ class LlamaConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_seq_len: int = 8192
-    max_seq_len: int = 131072
+    max_seq_len: int = field(default=131072, metadata={'weights': False})  # the RoPE range trained for
     tie_embeddings: bool = False
-    causal: bool = True                       # False: bidirectional attention (masked LM)
-    attn_impl: str = 'auto'                   # auto, sdpa, flash, varlen, flex, eager (attention.py)
-    sdpa_kernel: str = 'auto'                 # sdpa only: auto (PyTorch picks), cudnn, flash, efficient, math
-    fused_kernels: list[str] = field(default_factory=list)  # liger-kernel: cross_entropy, rms_norm, swiglu, rope
+    causal: bool = field(default=True, metadata={'weights': False})  # False: bidirectional attention (masked LM)
 
     @property
     def head_dim(self) -> int:
@@ -79,10 +78,9 @@ PRESETS = {
 }
 
 
-# The fields that describe trained weights (their shapes and the positions they learned), as against how to run them.
-ARCHITECTURE = ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size', 'norm_eps', 'rope_theta',
-                'rope_scaling_factor', 'rope_low_freq_factor', 'rope_high_freq_factor', 'rope_original_max_seq_len',
-                'tie_embeddings')
+def weight_fields(config_class) -> list[str]:
+    """The fields of an architecture config that trained weights fix (their shapes and the positions they learned)."""
+    return [spec.name for spec in fields(config_class) if spec.metadata.get('weights', True)]
 
 
 def preset_fields(name: str) -> dict:
@@ -142,9 +140,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig):
         super().__init__()
-        self.config = config
+        self.config, self.kernels = config, kernels
         kv_dim = config.n_kv_heads * config.head_dim
         self.q_proj = nn.Linear(config.dim, config.dim, bias=False)
         self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
@@ -159,20 +157,20 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq_len, -1, config.head_dim).transpose(1, 2)
-        if 'rope' in config.fused_kernels:
+        if 'rope' in self.kernels.fused_kernels:
             q, k = fused.rope(q, k, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(q, k, v, config.causal, backend, mask, config.sdpa_kernel)
+        out = attend(q, k, v, config.causal, backend, mask, self.kernels.sdpa_kernel)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
 class FeedForward(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig):
         super().__init__()
-        self.fused_kernel = 'swiglu' in config.fused_kernels
+        self.fused_kernel = 'swiglu' in kernels.fused_kernels
         self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
@@ -184,18 +182,18 @@ class FeedForward(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def make_norm(config: LlamaConfig) -> RMSNorm:
-    return RMSNorm(config.dim, config.norm_eps, fused_kernel='rms_norm' in config.fused_kernels)
+def make_norm(config: LlamaConfig, kernels: KernelConfig) -> RMSNorm:
+    return RMSNorm(config.dim, config.norm_eps, fused_kernel='rms_norm' in kernels.fused_kernels)
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, config: LlamaConfig, layer_id: int):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
-        self.input_layernorm = make_norm(config)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = make_norm(config)
-        self.mlp = FeedForward(config)
+        self.input_layernorm = make_norm(config, kernels)
+        self.self_attn = Attention(config, kernels)
+        self.post_attention_layernorm = make_norm(config, kernels)
+        self.mlp = FeedForward(config, kernels)
         self.checkpointing = None  # activation checkpointing: torch.utils.checkpoint's options (parallelism.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
@@ -212,7 +210,8 @@ class TransformerBlock(nn.Module):
 
 class OutputLayer(nn.Linear):
     """Hidden states -> logits; or, given labels, the fused output layer and cross-entropy (no logits). Both go
-    through the module's call, so FSDP2 gathers the weight when the layer is its own unit."""
+    through the module's call, so FSDP2 gathers the weight when the layer is its own unit; and both run inside the
+    Transformer's forward: Composer's FSDP2 reshards the root unit (the tied output weight's) when it returns."""
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if labels is not None:
@@ -221,14 +220,14 @@ class OutputLayer(nn.Linear):
 
 
 class Transformer(nn.Module):
-    """Token ids [B, S] -> logits [B, S, vocab]."""
+    """Token ids [B, S] -> logits [B, S, vocab], run with the given kernels."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig = KernelConfig()):
         super().__init__()
-        self.config = config
+        self.config, self.kernels = config, kernels
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.n_layers))
-        self.norm = make_norm(config)
+        self.layers = nn.ModuleList(TransformerBlock(config, kernels, i) for i in range(config.n_layers))
+        self.norm = make_norm(config, kernels)
         self.lm_head = OutputLayer(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -238,7 +237,7 @@ class Transformer(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, S, vocab]; or, given ``labels`` and the fused cross_entropy kernel, the mean loss."""
+        """Logits [B, S, vocab]; or, given ``labels`` (with the fused cross_entropy kernel), the mean loss."""
         return self.lm_head(self.hidden_states(input_ids, position_ids), labels)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -257,10 +256,10 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def attention_backend(self, document_masking: bool, on_gpu: bool) -> str:
-        """What ``attn_impl`` runs as for this input (``auto``: the fastest that masks as asked); logged once."""
-        backend = choose_backend(self.config.attn_impl, document_masking, on_gpu)
-        log_choice(self.config.attn_impl, backend, document_masking)
-        return backend
+        """The backend to run: the one named (preflight resolves ``auto`` for a run), or for ``auto`` the fastest
+        here that masks as asked."""
+        impl = self.kernels.attn_impl
+        return impl if impl != 'auto' else choose_backend(impl, document_masking, on_gpu)
 
     def rope_tables(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B or 1, 1, S, D] in fp32 for the given positions [B or 1, S]."""

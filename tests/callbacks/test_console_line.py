@@ -1,7 +1,7 @@
 import re
 
-from llmfoundry_ext.config import load
 from llmfoundry_ext.train import logged_history, train
+from llmfoundry_ext.preflight import prepare
 from tests.conftest import write_yaml
 
 LINE = re.compile(r'batch (\d)/4  loss (\d+\.\d{4})  lr (\S+)  ([\d,]+) tokens/s/GPU  \d+:\d\d:\d\d elapsed, '
@@ -12,7 +12,7 @@ def run(tiny_config, tmp_path, capsys, **settings) -> tuple[list[str], list[str]
     tiny_config.update(parallelism={'fsdp': None}, max_duration='4ba', log_interval='2ba', eval_interval='4ba',
                        loggers={'in_memory': {}}, **settings)
     tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}}}
-    trainer = train(load(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    trainer = train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
     history = logged_history(trainer)
     trainer.close()
     captured = capsys.readouterr()

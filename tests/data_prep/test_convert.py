@@ -16,7 +16,7 @@ from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
 from data_prep.packing import pack
 from data_prep.sources import SourceError, parse_source
 from data_prep.train_tokenizer import BOS, EOS, train_bpe
-from llmfoundry_ext.data.manifest import file_sha256
+from llmfoundry_ext.data.mds import file_sha256
 from tests.conftest import REPO
 from tests.data_prep.test_sources import write_parquet
 

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from llmfoundry_ext.model.attention import BackendUnavailableError, attend, attention_mask, check_backend, has_module
+from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 pytestmark = pytest.mark.gpu
@@ -72,15 +73,15 @@ TINY = dict(dim=256, n_layers=2, n_heads=8, n_kv_heads=4, ffn_dim=512, vocab_siz
 
 
 def loss_and_grads(config: LlamaConfig, state: dict, tokens, labels, compile_blocks: bool = False,
-                   loss_scale: float = 1.0):
+                   loss_scale: float = 1.0, kernels: KernelConfig = KernelConfig()):
     """The loss and the parameters' gradients of ``loss * loss_scale`` (Composer scales each micro-batch's loss)."""
     torch.manual_seed(0)
-    transformer = Transformer(config).cuda()
+    transformer = Transformer(config, kernels).cuda()
     transformer.load_state_dict(state)
     if compile_blocks:
         for block in transformer.layers:
             block.compile()
-    if 'cross_entropy' in config.fused_kernels:
+    if kernels.fused_loss:
         loss = transformer(tokens, labels=labels)
     else:
         logits = transformer(tokens)
@@ -104,8 +105,8 @@ def test_fused_kernels_and_compile_match_the_plain_model(fused, compile_blocks, 
     tokens = torch.randint(0, 1000, (2, 512), device='cuda')
     labels = torch.roll(tokens, -1, dims=1)
     expected_loss, expected_grads = loss_and_grads(plain, state, tokens, labels, loss_scale=loss_scale)
-    loss, grads = loss_and_grads(LlamaConfig(**TINY, fused_kernels=fused), state, tokens, labels, compile_blocks,
-                                 loss_scale)
+    loss, grads = loss_and_grads(plain, state, tokens, labels, compile_blocks, loss_scale,
+                                 KernelConfig(fused_kernels=fused))
     torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
     for name, grad in expected_grads.items():
         torch.testing.assert_close(grads[name], grad, atol=1e-4, rtol=1e-3, msg=name)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from llmfoundry_ext.model.attention import attend, choose_backend, document_mask, has_module
+from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, Transformer, rope_inverse_frequencies
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
@@ -25,9 +26,9 @@ def test_flops_per_token_of_1b_at_8192():
     assert PRESETS['1b'].flops_per_token(8192) == 6 * 1_235_814_400 + 12 * 16 * 2048 * 8192
 
 
-def model(config=TINY, seed=0) -> Transformer:
+def model(config=TINY, seed=0, kernels=KernelConfig()) -> Transformer:
     torch.manual_seed(seed)
-    transformer = Transformer(config)
+    transformer = Transformer(config, kernels)
     transformer.init_weights()
     return transformer
 
@@ -141,8 +142,8 @@ def test_flex_block_mask_matches_eager_on_the_cpu():
 def test_flex_model_matches_eager_model_with_and_without_documents():
     """The model builds flex's block mask once per forward, for packed documents and for plain causal rows.
     Forward only: torch 2.7's inductor cannot compile flex's backward on the CPU (the GPU tests cover it)."""
-    eager = model(LlamaConfig(**{**TINY.__dict__, 'attn_impl': 'eager'}))
-    flex = model(LlamaConfig(**{**TINY.__dict__, 'attn_impl': 'flex'}))
+    eager = model(kernels=KernelConfig(attn_impl='eager'))
+    flex = model(kernels=KernelConfig(attn_impl='flex'))
     tokens = torch.randint(0, 97, (2, 64))
     positions = torch.stack([torch.cat([torch.arange(20), torch.arange(44)]), torch.arange(64)])
     with torch.no_grad():

@@ -1,0 +1,55 @@
+"""The Llama family's HF adapter: transformers' ``LlamaForCausalLM`` config.json <-> our LlamaConfig, and parameter
+names. Our Transformer uses HF's LlamaModel names, so conversion is one rename: HF puts ``model.`` before every
+name but ``lm_head.weight``."""
+import torch
+
+from llmfoundry_ext.errors import CheckpointError
+from llmfoundry_ext.model.llama import LlamaConfig
+
+MODEL_TYPE = 'llama'
+
+
+def to_hf_name(name: str) -> str:
+    return name if name == 'lm_head.weight' else f'model.{name}'
+
+
+def from_hf_name(name: str) -> str:
+    return name if name == 'lm_head.weight' else name.removeprefix('model.')
+
+
+def hf_config(config: LlamaConfig, dtype: torch.dtype) -> dict:
+    """transformers' LlamaConfig (config.json) for our architecture."""
+    rope_scaling = None
+    if config.rope_scaling_factor != 1.0:
+        rope_scaling = {'rope_type': 'llama3', 'factor': config.rope_scaling_factor,
+                        'low_freq_factor': config.rope_low_freq_factor,
+                        'high_freq_factor': config.rope_high_freq_factor,
+                        'original_max_position_embeddings': config.rope_original_max_seq_len}
+    return {
+        'architectures': ['LlamaForCausalLM'], 'model_type': MODEL_TYPE, 'hidden_act': 'silu',
+        'hidden_size': config.dim, 'intermediate_size': config.ffn_dim, 'num_hidden_layers': config.n_layers,
+        'num_attention_heads': config.n_heads, 'num_key_value_heads': config.n_kv_heads,
+        'head_dim': config.head_dim, 'vocab_size': config.vocab_size, 'rms_norm_eps': config.norm_eps,
+        'rope_theta': config.rope_theta, 'rope_scaling': rope_scaling,
+        'max_position_embeddings': config.max_seq_len, 'tie_word_embeddings': config.tie_embeddings,
+        'attention_bias': False, 'mlp_bias': False, 'torch_dtype': str(dtype).removeprefix('torch.'),
+    }
+
+
+def config_from_hf(hf: dict) -> LlamaConfig:
+    """Our LlamaConfig from an HF Llama config.json (transformers 4's rope_theta/rope_scaling or 5's rope_parameters)."""
+    rope = {**(hf.get('rope_parameters') or {}), **(hf.get('rope_scaling') or {})}
+    rope_type = rope.get('rope_type', rope.get('type', 'default'))
+    if rope_type not in ('default', 'llama3'):
+        raise CheckpointError(f"config.json: rope type {rope_type!r} is not supported (only 'default' and 'llama3')")
+    scaled = rope_type == 'llama3'
+    return LlamaConfig(
+        dim=hf['hidden_size'], n_layers=hf['num_hidden_layers'], n_heads=hf['num_attention_heads'],
+        n_kv_heads=hf.get('num_key_value_heads', hf['num_attention_heads']), ffn_dim=hf['intermediate_size'],
+        vocab_size=hf['vocab_size'], norm_eps=hf['rms_norm_eps'],
+        rope_theta=hf.get('rope_theta', rope.get('rope_theta', 10000.0)),
+        rope_scaling_factor=rope['factor'] if scaled else 1.0,
+        rope_low_freq_factor=rope['low_freq_factor'] if scaled else 1.0,
+        rope_high_freq_factor=rope['high_freq_factor'] if scaled else 4.0,
+        rope_original_max_seq_len=rope['original_max_position_embeddings'] if scaled else 8192,
+        max_seq_len=hf.get('max_position_embeddings', 8192), tie_embeddings=hf.get('tie_word_embeddings', False))

@@ -1,0 +1,215 @@
+"""Preflight: the run's configuration checked against this machine before any process group or GPU memory exists,
+and the values that depend on it resolved once (token ids from the tokenizer, the attention backend, the family's
+architecture and kernels), into the ``Run`` that ``build`` turns into a Trainer.
+
+Each problem is a ``ConfigError``: one line naming the key and the fix.
+"""
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from llmfoundry_ext import registry
+from llmfoundry_ext.cli import unwritable_reason
+from llmfoundry_ext.config import LoaderConfig, ModelConfig, TrainConfig, first_line, global_rank, load
+from llmfoundry_ext.data.mds import file_sha256, read_manifest
+from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.model.attention import choose_backend, has_module, missing_reason
+from llmfoundry_ext.model.fused import fused_kernels_problem
+from llmfoundry_ext.model.kernels import KernelConfig
+from llmfoundry_ext.model.llama import weight_fields
+from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
+from llmfoundry_ext.weights import read_weights_config, safetensors_files
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run ready to build: its config and what preflight resolved from the machine."""
+    config: TrainConfig
+    architecture: object          # the family's architecture config (model.architecture())
+    kernels: KernelConfig         # the model's kernels, ``attn_impl`` resolved to the backend that runs
+    eos_token_id: Optional[int]   # with data.document_masking
+    mask_token_id: Optional[int]  # with objective mlm
+
+
+def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
+    """``config.load`` and ``check``: what ``train.py`` runs before training."""
+    return check(load(yaml_path, overrides))
+
+
+def check(config: TrainConfig) -> Run:
+    """Every check against the machine, in the order a user fixes them; the resolved Run."""
+    check_hardware(config)
+    kernels = resolve_kernels(config)
+    check_init_from(config.model)
+    check_checkpoint_paths(config)
+    vocabulary = Vocabulary(config)
+    for split in ('train', 'eval'):
+        loader = getattr(config.data, split)
+        if loader is not None:
+            for name, stream in loader.streams.items():
+                if stream.remote is None:
+                    check_local_stream(stream.local, f'data.{split}.streams.{name}.local', config.max_seq_len)
+            vocabulary.check_streams(loader, f'data.{split}')
+    registry.check_all(config)
+    return Run(config, config.model.architecture(), kernels,
+               eos_token_id=vocabulary.eos_token_id() if config.data.document_masking else None,
+               mask_token_id=vocabulary.mask_token_id() if config.objective.name == 'mlm' else None)
+
+
+def check_hardware(config: TrainConfig) -> None:
+    if config.precision != 'fp32' and not torch.cuda.is_available():
+        raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
+
+
+def resolve_kernels(config: TrainConfig) -> KernelConfig:
+    """Attention backend, fused kernels and float8: each installed and able to run here; the kernels with
+    ``attn_impl`` resolved to the backend that runs (``auto``: the fastest here that masks as the data asks)."""
+    model = config.model
+    on_gpu = torch.cuda.is_available()
+    problems = {'model.attn_impl': missing_reason(model.attn_impl) or flex_on_cpu_problem(model.attn_impl, on_gpu),
+                'model.fused_kernels': fused_kernels_problem(model.fused_kernels, on_gpu)}
+    if model.float8 and not (on_gpu and torch.cuda.get_device_capability() >= (8, 9)):
+        problems['model.float8'] = ('float8 training needs an H100-class GPU (compute capability 8.9+); '
+                                    'set model.float8=false')
+    elif model.float8 and not has_module('torchao'):
+        problems['model.float8'] = "needs the torchao package, which is not installed: pip install torchao"
+    for key, problem in problems.items():
+        if problem:
+            raise ConfigError(f'{key}: {problem}')
+    backend = choose_backend(model.attn_impl, config.data.document_masking, on_gpu)
+    return KernelConfig(attn_impl=backend, sdpa_kernel=model.sdpa_kernel, fused_kernels=model.fused_kernels)
+
+
+def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
+    """Training with flex attention on the CPU stops at the first backward with an inductor IndexError
+    (seen with torch 2.7): refused before the run."""
+    if attn_impl == 'flex' and not on_gpu:
+        return (f"'flex' trains only on a GPU (on the CPU, torch {torch.__version__}'s inductor fails to compile "
+                f"its backward); set model.attn_impl=auto or sdpa on the CPU")
+    return None
+
+
+def check_init_from(model: ModelConfig) -> None:
+    """The weights to start from exist and have the architecture the YAML set (vocabulary aside when embeddings
+    are skipped); fields the YAML left out came from the weights (``apply_preset``)."""
+    if model.init_from is None:
+        return
+    try:
+        source = read_weights_config(model.init_from)
+        safetensors_files(model.init_from)
+    except CheckpointError as error:
+        raise ConfigError(f'model.init_from: {error}') from None
+    new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
+    for name in weight_fields(type(source)):
+        if name == 'vocab_size' and new_vocabulary:
+            continue
+        if getattr(model, name) != getattr(source, name):
+            raise ConfigError(f'model.{name}: {getattr(model, name)} but the weights in {model.init_from} have '
+                              f'{getattr(source, name)}; set model.{name}={getattr(source, name)}')
+
+
+class Vocabulary:
+    """data.tokenizer, read once: the ids the run looks up in it and the streams it must have tokenized."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.path = config.data.tokenizer
+        self.tokenizer = read_tokenizer_or_fail(self.path) if self.path is not None else None
+        if self.tokenizer is not None and self.tokenizer.get_vocab_size() > config.model.vocab_size:
+            raise ConfigError(f'data.tokenizer: its vocabulary has {self.tokenizer.get_vocab_size():,} ids but '
+                              f'model.vocab_size is {config.model.vocab_size:,}; set model.vocab_size >= '
+                              f'{self.tokenizer.get_vocab_size()}')
+
+    def token_id(self, token: str, given: Optional[int], key: str) -> int:
+        """``given`` if set, else ``token`` looked up in data.tokenizer; checked against the vocabulary."""
+        if given is None:
+            if self.tokenizer is None:
+                raise ConfigError(f'{key}: not set and no data.tokenizer to look up {token!r} in; set one of them')
+            given = self.tokenizer.token_to_id(token)
+            if given is None:
+                raise ConfigError(f'{key}: data.tokenizer has no token {token!r}; set {key} to the id to use')
+        if not 0 <= given < self.config.model.vocab_size:
+            raise ConfigError(f'{key}: {given} is outside the vocabulary (model.vocab_size '
+                              f'{self.config.model.vocab_size})')
+        return given
+
+    def eos_token_id(self) -> int:
+        return self.token_id(self.config.data.eos_token, self.config.data.eos_token_id, 'data.eos_token_id')
+
+    def mask_token_id(self) -> int:
+        objective = self.config.objective
+        return self.token_id(objective.mask_token, objective.mask_token_id, 'objective.mask_token_id')
+
+    def check_streams(self, loader: LoaderConfig, path: str) -> None:
+        """Each local stream was tokenized with data.tokenizer (as its manifest records)."""
+        if self.tokenizer is None:
+            return
+        digest = file_sha256(tokenizer_file(self.path))
+        for name, stream in loader.streams.items():
+            used = (read_manifest(stream.local) or {}).get('tokenizer_sha256')
+            if used is not None and used != digest:
+                raise ConfigError(f'{path}.streams.{name}: its shards were tokenized with another tokenizer than '
+                                  f'data.tokenizer {self.path} (sha256 {used[:12]} vs {digest[:12]}); point '
+                                  f'data.tokenizer at the one named in {stream.local}/manifest.json or re-convert')
+
+
+def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
+    """An MDS index that reads, windows at least ``max_seq_len`` long, and (on rank 0, which alone reads every
+    shard's size) each shard file there with the size its index gives."""
+    index_file = os.path.join(folder, 'index.json')
+    if not os.path.isfile(index_file):
+        raise ConfigError(f'{key}: no MDS dataset at {folder} (index.json missing) and no remote set; run '
+                          f'data_prep/convert_to_mds.py or fix the path')
+    try:
+        with open(index_file) as file:
+            shards = json.load(file)['shards']
+        manifest = read_manifest(folder) or {}
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f'{key}: {index_file} or its manifest is unreadable ({first_line(error)}); re-convert '
+                          f'the stream with data_prep/convert_to_mds.py') from None
+    window = manifest.get('window')
+    if window is not None and window < max_seq_len:
+        raise ConfigError(f'{key}: its windows have {window} tokens, fewer than max_seq_len {max_seq_len}; set '
+                          f'max_seq_len={window} or re-convert with --concat-tokens {max_seq_len}')
+    problem = shard_problem(folder, shards) if global_rank() == 0 else None
+    if problem:
+        raise ConfigError(f'{key}: {problem}; re-convert the stream with data_prep/convert_to_mds.py')
+
+
+def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
+    """A shard file that is missing or not the size its index gives (compressed, or already decompressed)."""
+    for shard in shards:
+        forms = [shard[kind] for kind in ('zip_data', 'raw_data') if shard.get(kind)]
+        present = [form for form in forms if os.path.isfile(os.path.join(folder, form['basename']))]
+        if not present:
+            return f"shard {forms[0]['basename']} is missing"
+        form = present[0]
+        size = os.path.getsize(os.path.join(folder, form['basename']))
+        if size != form['bytes']:
+            return f"shard {form['basename']} has {size:,} bytes where its index says {form['bytes']:,}"
+    return None
+
+
+def check_checkpoint_paths(config: TrainConfig) -> None:
+    """A save folder that can be written, and a load_path (a local one) that exists."""
+    folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
+    if folder and (reason := unwritable_reason(folder)):
+        raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
+    if load_path and '://' not in load_path and not os.path.exists(load_path):
+        raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
+                          f'ep0-ba100-rank0.pt) or remove load_path')
+
+
+def read_tokenizer_or_fail(path: str):
+    """data.tokenizer (a folder or a tokenizer.json) read; a ConfigError if it is missing or not one."""
+    file = tokenizer_file(path)
+    if not os.path.isfile(file):
+        raise ConfigError(f'data.tokenizer: no tokenizer.json at {path}; give the folder the shards were '
+                          f'tokenized with')
+    try:
+        return read_tokenizer(file)
+    except ValueError as error:
+        raise ConfigError(f'data.tokenizer: {error}; give the folder the shards were tokenized with') from None
