@@ -118,10 +118,13 @@ class Vocabulary:
         self.config = config
         self.path = config.data.tokenizer
         self.tokenizer = read_tokenizer_or_fail(self.path) if self.path is not None else None
-        if self.tokenizer is not None and self.tokenizer.get_vocab_size() > config.model.vocab_size:
-            raise ConfigError(f'data.tokenizer: its vocabulary has {self.tokenizer.get_vocab_size():,} ids but '
-                              f'model.vocab_size is {config.model.vocab_size:,}; set model.vocab_size >= '
-                              f'{self.tokenizer.get_vocab_size()}')
+        if self.tokenizer is None:
+            return
+        size = self.tokenizer.get_vocab_size()
+        if size > config.model.vocab_size:
+            raise ConfigError(f'data.tokenizer: its vocabulary has {size:,} ids but model.vocab_size is '
+                              f'{config.model.vocab_size:,}; set model.vocab_size >= {size}')
+        self.digest = file_sha256(tokenizer_file(self.path))  # what the streams' manifests must record
 
     def token_id(self, token: str, given: Optional[int], key: str) -> int:
         """``given`` if set, else ``token`` looked up in data.tokenizer; checked against the vocabulary."""
@@ -147,12 +150,11 @@ class Vocabulary:
         """Each local stream was tokenized with data.tokenizer (as its manifest records)."""
         if self.tokenizer is None:
             return
-        digest = file_sha256(tokenizer_file(self.path))
         for name, stream in loader.streams.items():
             used = (read_manifest(stream.local) or {}).get('tokenizer_sha256')
-            if used is not None and used != digest:
+            if used is not None and used != self.digest:
                 raise ConfigError(f'{path}.streams.{name}: its shards were tokenized with another tokenizer than '
-                                  f'data.tokenizer {self.path} (sha256 {used[:12]} vs {digest[:12]}); point '
+                                  f'data.tokenizer {self.path} (sha256 {used[:12]} vs {self.digest[:12]}); point '
                                   f'data.tokenizer at the one named in {stream.local}/manifest.json or re-convert')
 
 

@@ -54,20 +54,20 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def read_hf_config(folder: str) -> tuple[Family, dict]:
-    """An HF model folder's family and config.json."""
+def read_hf_architecture(folder: str) -> tuple[Family, object]:
+    """An HF model folder's family and, from its config.json, our architecture config."""
     if not os.path.isfile(os.path.join(folder, HF_CONFIG)):
         raise CheckpointError(f'{folder}: no {HF_CONFIG}; give the folder of an HF Llama model (config.json and '
                               f'*.safetensors)')
     with open(os.path.join(folder, HF_CONFIG)) as file:
         hf = json.load(file)
-    return hf_family(hf), hf
+    family = hf_family(hf)
+    return family, family.hf.config_from_hf(hf)
 
 
 def load_hf(folder: str) -> tuple[object, dict[str, torch.Tensor]]:
     """An HF model folder -> (our architecture config, tensors in our names)."""
-    family, hf = read_hf_config(folder)
-    config = family.hf.config_from_hf(hf)
+    family, config = read_hf_architecture(folder)
     return config, {family.hf.from_hf_name(k): v for k, v in read_safetensors(folder).items()}
 
 
@@ -86,8 +86,7 @@ def read_weights_config(folder: str):
     if os.path.isfile(os.path.join(folder, NATIVE_CONFIG)):
         return read_native_config(folder)
     if os.path.isfile(os.path.join(folder, HF_CONFIG)):
-        family, hf = read_hf_config(folder)
-        return family.hf.config_from_hf(hf)
+        return read_hf_architecture(folder)[1]
     raise CheckpointError(f'{folder}: neither {HF_CONFIG} (an HF model) nor {NATIVE_CONFIG} (from-hf output) '
                           f'is there')
 

@@ -5,7 +5,7 @@ The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}
 ``layers.{i}.mlp.gate_proj``, ``norm``) so HF conversion is a rename of the ``model.`` prefix.
 """
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -81,11 +81,6 @@ PRESETS = {
 def weight_fields(config_class) -> list[str]:
     """The fields of an architecture config that trained weights fix (their shapes and the positions they learned)."""
     return [spec.name for spec in fields(config_class) if spec.metadata.get('weights', True)]
-
-
-def preset_fields(name: str) -> dict:
-    """The named preset as a plain dict (for merging under YAML overrides)."""
-    return asdict(PRESETS[name])
 
 
 def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
