@@ -2,8 +2,11 @@
 
 A row is ``NAME SOURCE [key=value ...]``, its SOURCE saying what trains:
   ``yamls/x.yaml``        our model, as the YAML and its overrides configure it;
-  ``hf:yamls/x.yaml``     transformers' LlamaForCausalLM (sdpa) of that YAML's shape, under the same Composer FSDP2
-                          settings (as llm-foundry's ``hf_causal_lm`` does);
+  ``hf:yamls/x.yaml``     transformers' model of that YAML's family and shape (LlamaForCausalLM, MixtralForCausalLM;
+                          sdpa; the experts as that transformers runs them by default), under the same Composer
+                          FSDP2 settings (as llm-foundry's ``hf_causal_lm`` does);
+  ``hf-loop:yamls/x.yaml`` the same with transformers' per-expert loop (``experts_implementation='eager'``, the only
+                          one of transformers 4);
   ``torchtitan:SETTING``  torchtitan through its anchor script (``.anchors/run.sh SETTING``, KEY=VALUE its env).
 Our and HF rows run in their own ``composer -n GPUS`` process (fresh GPU memory and compile caches) over one data
 folder the parent wrote for every rank; rank 0 writes the row's figures to a JSON file the parent reads.
@@ -26,12 +29,11 @@ from composer.utils import dist
 
 from llmfoundry_ext import preflight
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
-from llmfoundry_ext.model.llama import LlamaConfig
-from llmfoundry_ext.model.llama_hf import hf_config
+from llmfoundry_ext.weights import family_of
 from llmfoundry_ext.synthetic import synthetic_run_yaml
 from llmfoundry_ext.train import train
 
-SOURCES = {'hf:': 'hf', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; no prefix: ours
+SOURCES = {'hf:': 'hf', 'hf-loop:': 'hf-loop', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; none: ours
 GIB = 2 ** 30
 
 
@@ -83,29 +85,43 @@ class StepTimer(Callback):
         return (self.end - self.start) / (self.batches - self.warmup)
 
 
-class HFLlamaLM(ComposerModel):
-    """transformers' LlamaForCausalLM with sdpa attention, our shape, each decoder layer its own FSDP2 unit."""
+class HFCausalLM(ComposerModel):
+    """transformers' model of our architecture's family with sdpa attention, each decoder layer its own FSDP2 unit;
+    the loss as transformers trains it (with a mixture of experts, + router_aux_loss_coef x its aux loss)."""
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config, experts_implementation: str | None = None):
         super().__init__()
-        from transformers import LlamaConfig as HFConfig
-        from transformers import LlamaForCausalLM
-        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        from transformers import AutoConfig, AutoModelForCausalLM
 
-        hf = HFConfig(**hf_config(config, torch.float32))
-        hf._attn_implementation = 'sdpa'
-        self.model = LlamaForCausalLM(hf)
-        self.model.fsdp_wrap_fn = lambda module: isinstance(module, LlamaDecoderLayer)
+        hf = AutoConfig.for_model(**family_of(config).hf.hf_config(config, torch.float32))
+        self.routed = hasattr(hf, 'num_local_experts')
+        if self.routed:
+            hf.output_router_logits = True
+        self.model = AutoModelForCausalLM.from_config(hf, attn_implementation='sdpa')
+        if experts_implementation and hasattr(self.model, 'set_experts_implementation'):  # transformers 5
+            self.model.set_experts_implementation(experts_implementation)
+        self.experts_implementation = getattr(hf, '_experts_implementation', None) or 'eager'  # 4: only eager
+        decoder_layer = type(self.model.model.layers[0])
+        self.model.fsdp_wrap_fn = lambda module: isinstance(module, decoder_layer)
         self.config = config
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        return self.model(input_ids=batch['input_ids']).logits
+    def forward(self, batch: dict):
+        return self.model(input_ids=batch['input_ids'])
 
-    def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
-        return token_mean_cross_entropy(outputs, batch['labels'])
+    def loss(self, outputs, batch: dict) -> torch.Tensor:
+        loss = token_mean_cross_entropy(outputs.logits, batch['labels'])
+        return loss + self.config.router_aux_loss_coef * outputs.aux_loss if self.routed else loss
 
     def flops_per_batch(self, batch: dict) -> int:
         return batch_flops(self.config, batch)
+
+
+HF_EXPERTS = {'hf': None, 'hf-loop': 'eager'}  # row model -> transformers' experts_implementation
+
+
+def transformers_version() -> str:
+    import transformers
+    return transformers.__version__
 
 
 def prepare(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> str:
@@ -120,8 +136,9 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     run = preflight.prepare(yaml)
     config = run.config
     timer = StepTimer(warmup)
-    model = HFLlamaLM(run.architecture) if row.model == 'hf' else None
+    model = HFCausalLM(run.architecture, HF_EXPERTS[row.model]) if row.model in HF_EXPERTS else None
     trainer = train(run, extra_callbacks=[timer], model=model)
+    hf = {} if model is None else {'transformers': transformers_version(), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
     seconds = timer.step_seconds()
@@ -135,7 +152,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
-        'document_masking': config.data.document_masking, 'timed_steps': steps,
+        'document_masking': config.data.document_masking, 'timed_steps': steps, **hf,
     }
 
 

@@ -6,11 +6,12 @@ import torch
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.callbacks.console_line import ConsoleLine
+from llmfoundry_ext.callbacks.expert_load import ExpertLoad
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
-from llmfoundry_ext.model.composer_model import LlamaLM
+from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.parallelism import composer_parallelism, init_device, parallelize
 from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.resumption import SealedCheckpointSaver
@@ -18,17 +19,19 @@ from llmfoundry_ext.trainer import Trainer
 from llmfoundry_ext.weights import load_into, load_weights_folder
 
 
-def build_model(run: Run) -> tuple[LlamaLM, list]:
+def build_model(run: Run) -> tuple[LanguageModel, list]:
     """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised, and
     loaded from ``model.init_from`` but for the ``init_skip`` tensors, which keep their fresh init; float8,
     activation checkpointing and compile applied (``parallelism.parallelize``). Returns the model and the
-    callbacks those need."""
+    callbacks those need (and, for a mixture of experts, its load logger)."""
     config = run.config
     device = init_device(config)
     with torch.device(device):
         transformer = config.model.family_entry().module(run.architecture, run.kernels)
     callbacks = parallelize(transformer, config)
-    model = LlamaLM(transformer, compile_loss=config.model.compile)
+    model = LanguageModel(transformer, compile_loss=config.model.compile)
+    if model.routed:
+        callbacks.append(ExpertLoad())
     if device == 'meta':
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
         return model, callbacks

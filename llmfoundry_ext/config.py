@@ -6,6 +6,7 @@ Every error a user can make in a YAML file is raised as ``ConfigError`` with one
 """
 import dataclasses
 import difflib
+import functools
 import os
 import types
 import typing
@@ -20,18 +21,20 @@ from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.model.attention import SDPA_KERNELS
 from llmfoundry_ext.model.families import FAMILIES, Family
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import LlamaConfig, weight_fields
-from llmfoundry_ext.weights import read_weights_config
+from llmfoundry_ext.model.llama import weight_fields
+from llmfoundry_ext.model.mixtral import MixtralConfig
+from llmfoundry_ext.weights import family_of, read_weights_config
 
 
 @dataclass(frozen=True)
-class ModelConfig(LlamaConfig, KernelConfig):
-    """A family's preset with any architecture field overridden, the kernels to run it with, and how to build it.
-    (The architecture fields are the Llama family's, its only family yet.)"""
+class ModelConfig(KernelConfig):
+    """What to build and how: the family, its preset, the kernels, where the weights start. A run's model config is
+    ``model_config_class(family)``: this plus the family's architecture fields, each a ``model.`` key in the YAML
+    (from the preset unless set)."""
     family: str = 'llama'
     preset: str = 'debug'
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
-    init_from: Optional[str] = None  # HF Llama folder or from-hf output to start from
+    init_from: Optional[str] = None  # HF Llama/Mixtral folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
@@ -43,6 +46,14 @@ class ModelConfig(LlamaConfig, KernelConfig):
         """The family's architecture config (what the weights are)."""
         config_class = self.family_entry().config
         return config_class(**{spec.name: getattr(self, spec.name) for spec in dataclasses.fields(config_class)})
+
+
+@functools.cache
+def model_config_class(family: str) -> type:
+    """ModelConfig with the family's architecture fields (``LlamaModelConfig``, ``MixtralModelConfig``)."""
+    architecture = family_named(family).config
+    name = architecture.__name__.replace('Config', 'ModelConfig')
+    return dataclass(frozen=True)(type(name, (architecture, ModelConfig), {'__doc__': ModelConfig.__doc__}))
 
 
 @dataclass
@@ -207,33 +218,45 @@ def first_line(error: Exception) -> str:
 
 def apply_preset(raw: dict) -> None:
     """Fill ``model`` with its family's preset architecture, then that of the ``model.init_from`` weights, under the
-    keys the YAML sets itself."""
+    keys the YAML sets itself. The family is the YAML's, else that of the weights, else Llama."""
     model = raw.get('model')
     if not isinstance(model, dict):
         return
-    family = model.get('family', 'llama')
-    if family not in FAMILIES:
-        raise ConfigError(f"model.family: unknown family '{family}'{suggest(family, FAMILIES, 'families')}")
-    presets = FAMILIES[family].presets
+    weights = weights_config(model.get('init_from'))
+    family = family_named(model.get('family', family_of(weights).name if weights else 'llama'))
+    if weights is not None and type(weights) is not family.config:
+        raise ConfigError(f"model.family: '{family.name}' but the weights in {model['init_from']} are "
+                          f"'{family_of(weights).name}'; set model.family={family_of(weights).name}")
     preset = model.get('preset', 'debug')
-    if preset not in presets:
-        raise ConfigError(f"model.preset: unknown preset '{preset}'; choose one of {', '.join(presets)}")
-    raw['model'] = {**dataclasses.asdict(presets[preset]), **weights_architecture(model.get('init_from')), **model}
+    if preset not in family.presets:
+        raise ConfigError(f"model.preset: unknown preset '{preset}' of family {family.name}; choose one of "
+                          f"{', '.join(family.presets)}")
+    from_weights = {} if weights is None else {
+        name: getattr(weights, name) for name in (*weight_fields(type(weights)), 'max_seq_len')}
+    raw['model'] = {**dataclasses.asdict(family.presets[preset]), **from_weights, 'family': family.name, **model}
 
 
-def weights_architecture(folder) -> dict:
-    """The fields the weights in ``folder`` fix, and their RoPE range (none without a folder)."""
+def family_named(name: str) -> Family:
+    if name not in FAMILIES:
+        raise ConfigError(f"model.family: unknown family '{name}'{suggest(name, FAMILIES, 'families')}")
+    return FAMILIES[name]
+
+
+def weights_config(folder):
+    """The architecture of the weights in ``folder`` (None without a folder)."""
     if not isinstance(folder, str):
-        return {}
+        return None
     try:
-        source = read_weights_config(folder)
+        return read_weights_config(folder)
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
-    return {name: getattr(source, name) for name in (*weight_fields(type(source)), 'max_seq_len')}
 
 
 def build(cls, value, path: str):
-    """Convert plain YAML data to the dataclass/typing annotation ``cls``, checking every key and type."""
+    """Convert plain YAML data to the dataclass/typing annotation ``cls``, checking every key and type (a model's
+    keys: its family's)."""
+    if cls is ModelConfig and isinstance(value, dict):
+        cls = model_config_class(value.get('family', 'llama'))
     if dataclasses.is_dataclass(cls):
         return build_dataclass(cls, value, path)
     origin, args = typing.get_origin(cls), typing.get_args(cls)
@@ -355,6 +378,18 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
                           'the weights on the CPU and they are broadcast)')
     if model.sdpa_kernel not in SDPA_KERNELS:
         raise ConfigError(f"model.sdpa_kernel: '{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}")
+    if isinstance(model, MixtralConfig):
+        check_experts(model)
+
+
+def check_experts(model: MixtralConfig) -> None:
+    if model.n_experts <= 0:
+        raise ConfigError(f'model.n_experts: must be positive, got {model.n_experts}')
+    if not 1 <= model.experts_per_token <= model.n_experts:
+        raise ConfigError(f'model.experts_per_token: {model.experts_per_token} is not between 1 and model.n_experts '
+                          f'{model.n_experts}')
+    if model.router_aux_loss_coef < 0:
+        raise ConfigError(f'model.router_aux_loss_coef: must be >= 0, got {model.router_aux_loss_coef}')
 
 
 def check_objective(config: TrainConfig) -> None:

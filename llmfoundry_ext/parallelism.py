@@ -20,8 +20,8 @@ from llmfoundry_ext.config import TrainConfig, world_size
 from llmfoundry_ext.model.llama import Transformer
 
 # Selective checkpointing keeps these ops' outputs and recomputes the rest (norms, RoPE, SwiGLU, casts):
-# torchtitan's list. Every second matmul is recomputed too (see ``selective_recompute``).
-SAVED_OPS = ('aten.mm.default', 'aten._scaled_dot_product_efficient_attention.default',
+# torchtitan's list, with the experts' grouped GEMMs. Every second matmul is recomputed too (``selective_recompute``).
+SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', 'aten._scaled_dot_product_efficient_attention.default',
              'aten._scaled_dot_product_flash_attention.default', 'aten._scaled_dot_product_cudnn_attention.default',
              'aten._scaled_dot_product_attention_math.default',
              'aten._scaled_dot_product_fused_attention_overrideable.default',

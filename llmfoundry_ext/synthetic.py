@@ -2,7 +2,7 @@
 import numpy as np
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.config import read_yaml
+from llmfoundry_ext.config import apply_preset, read_yaml
 from llmfoundry_ext.data.mds import write_mds
 
 LLAMA3_EOS = 128001  # <|end_of_text|>
@@ -15,7 +15,8 @@ def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batche
     document masking has documents to keep apart. The tokens depend only on the arguments, so rows of a benchmark
     train on the same data. Returns the YAML's path."""
     raw = read_yaml(yaml_path, overrides)
-    vocab = raw['model'].get('vocab_size', 128256)
+    apply_preset(raw)  # the vocabulary may come from the preset
+    vocab = raw['model']['vocab_size']
     eos = min(LLAMA3_EOS, vocab - 1)
     windows = random_windows(batches * raw['global_batch_size'], raw['max_seq_len'], vocab, eos, mean_document_tokens)
     write_mds(f'{folder}/tokens', windows, {'source': 'synthetic', 'window': raw['max_seq_len']})

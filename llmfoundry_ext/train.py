@@ -117,9 +117,11 @@ def start_summary(run: Run, trainer) -> str:
     model = config.model
     batches = total_batches(state)
     resumed = int(state.timestamp.batch)
+    parameters, active = architecture.num_params(), architecture.num_params(active=True)
+    parameters_text = f'{parameters:,} parameters' + (f', {active:,} active' if active != parameters else '')
     lines = [
-        f'run {config.run_name}: {model.family.capitalize()} preset {model.preset} ({architecture.num_params():,} '
-        f'parameters, {model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
+        f'run {config.run_name}: {model.family.capitalize()} preset {model.preset} ({parameters_text}, '
+        f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
         f'  world size {world_size()}, precision {config.precision}, attention {run.kernels.attn_impl}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}, {describe_checkpointing(config)}, compiled blocks {model.compile}, '

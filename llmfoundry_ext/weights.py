@@ -28,7 +28,7 @@ def hf_family(hf: dict) -> Family:
         if family.hf.MODEL_TYPE == hf.get('model_type'):
             return family
     types = ' or '.join(repr(family.hf.MODEL_TYPE) for family in FAMILIES.values())
-    names = ', '.join(name.capitalize() for name in FAMILIES)  # 'Llama'
+    names = ' and '.join(name.capitalize() for name in FAMILIES)  # 'Llama and Mixtral'
     raise CheckpointError(f"config.json: model_type is {hf.get('model_type')!r}, not {types}; only {names} "
                           f"checkpoints convert")
 
@@ -57,8 +57,8 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
 def read_hf_architecture(folder: str) -> tuple[Family, object]:
     """An HF model folder's family and, from its config.json, our architecture config."""
     if not os.path.isfile(os.path.join(folder, HF_CONFIG)):
-        raise CheckpointError(f'{folder}: no {HF_CONFIG}; give the folder of an HF Llama model (config.json and '
-                              f'*.safetensors)')
+        raise CheckpointError(f'{folder}: no {HF_CONFIG}; give the folder of an HF Llama or Mixtral model '
+                              f'(config.json and *.safetensors)')
     with open(os.path.join(folder, HF_CONFIG)) as file:
         hf = json.load(file)
     family = hf_family(hf)
@@ -68,7 +68,7 @@ def read_hf_architecture(folder: str) -> tuple[Family, object]:
 def load_hf(folder: str) -> tuple[object, dict[str, torch.Tensor]]:
     """An HF model folder -> (our architecture config, tensors in our names)."""
     family, config = read_hf_architecture(folder)
-    return config, {family.hf.from_hf_name(k): v for k, v in read_safetensors(folder).items()}
+    return config, family.hf.from_hf(read_safetensors(folder))
 
 
 def read_native_config(folder: str):
@@ -130,19 +130,19 @@ def load_into(model: torch.nn.Module, tensors: dict[str, torch.Tensor], skip: tu
 
 
 def family_of(config) -> Family:
-    return next(family for family in FAMILIES.values() if isinstance(config, family.config))
+    """The family whose architecture config ``config`` is (exactly: a Mixtral config is also a Llama one)."""
+    return next(family for family in FAMILIES.values() if type(config) is family.config)
 
 
 def save_hf(tensors: dict[str, torch.Tensor], config, out: str, dtype: torch.dtype,
             tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
     """Write an HF model folder (config.json, safetensors weights, tokenizer files), atomically."""
-    adapter = family_of(config).hf
-    hf_tensors = {adapter.to_hf_name(k): v.to(dtype) for k, v in tensors.items()
-                  if not (config.tie_embeddings and k == 'lm_head.weight')}
+    hf_tensors = family_of(config).hf.to_hf({k: v.to(dtype) for k, v in tensors.items()
+                                              if not (config.tie_embeddings and k == 'lm_head.weight')})
     with atomic_folder(out) as partial:
         write_safetensors(hf_tensors, partial, max_shard_size)
         with open(os.path.join(partial, HF_CONFIG), 'w') as file:
-            json.dump(adapter.hf_config(config, dtype), file, indent=2)
+            json.dump(family_of(config).hf.hf_config(config, dtype), file, indent=2)
         if tokenizer:
             write_hf_tokenizer(tokenizer, partial)
 

@@ -91,9 +91,11 @@ def one_process_group():
     dist.destroy_process_group()
 
 
-def write_frontier_data_root(root, window: int, vocab: int, windows) -> None:
+def write_frontier_data_root(root, window: int, vocab: int, windows, tokenizer: str = 'llama3',
+                             special_tokens: tuple = ('<|end_of_text|>', '<|reserved_special_token_100|>')) -> None:
     """Under ``root``: the train and val folders of the shipped YAMLs' six streams (``windows(i)`` random windows in
-    the i-th) and tokenizer/llama3 (a small BPE with the Llama-3 special tokens the YAMLs name)."""
+    the i-th) and tokenizer/``tokenizer`` (a small BPE with the special tokens the YAMLs name: Llama-3's by
+    default)."""
     from omegaconf import OmegaConf
 
     from data_prep.train_tokenizer import train_bpe
@@ -104,10 +106,10 @@ def write_frontier_data_root(root, window: int, vocab: int, windows) -> None:
     for seed, stream in enumerate(streams):
         write_mds(stream['local'], random_windows(windows(seed), window, vocab, seed),
                   {'source': 't', 'window': window})
-    os.makedirs(os.path.join(root, 'tokenizer', 'llama3'))
-    tokenizer = train_bpe(['some text'] * 10, vocab_size=300)
-    tokenizer.add_special_tokens(['<|end_of_text|>', '<|reserved_special_token_100|>'])
-    tokenizer.save(os.path.join(root, 'tokenizer', 'llama3', 'tokenizer.json'))
+    os.makedirs(os.path.join(root, 'tokenizer', tokenizer))
+    bpe = train_bpe(['some text'] * 10, vocab_size=300)
+    bpe.add_special_tokens(list(special_tokens))
+    bpe.save(os.path.join(root, 'tokenizer', tokenizer, 'tokenizer.json'))
 
 
 def write_yaml(data: dict, path) -> str:

@@ -278,13 +278,15 @@ CASES = {
         'are never unpickled): save the model with safetensors', 'hf'),
     'checkpoint: from-hf of a folder without config.json': (
         'checkpoint', lambda w, t: ['from-hf', w['root'] + '/data', f'{t}/out'],
-        'error: {root}/data: no config.json; give the folder of an HF Llama model (config.json and *.safetensors)',
+        'error: {root}/data: no config.json; give the folder of an HF Llama or Mixtral model (config.json and '
+        '*.safetensors)',
         'hf'),
     'checkpoint: from-hf of another architecture': (
         'checkpoint', lambda w, t: ['from-hf', variant(w, t, 'hf', lambda f: json.dump(
             {**json.load(open(f'{f}/config.json')), 'model_type': 'gpt2'}, open(f'{f}/config.json', 'w'))),
             f'{t}/out'],
-        "error: config.json: model_type is 'gpt2', not 'llama'; only Llama checkpoints convert", 'hf'),
+        "error: config.json: model_type is 'gpt2', not 'llama' or 'mixtral'; only Llama and Mixtral checkpoints "
+        "convert", 'hf'),
     'checkpoint: from-hf of a truncated safetensors file': (
         'checkpoint', lambda w, t: ['from-hf', variant(w, t, 'hf', lambda f: truncate(f'{f}/model.safetensors')),
                                     f'{t}/out'],

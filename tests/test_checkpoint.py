@@ -22,6 +22,8 @@ from scripts.convert_checkpoint import main as checkpoint_main
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 CONFIGS = {
+    'llama2-shape': LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=96, vocab_size=101,
+                                max_seq_len=128, rope_theta=10000.0, rope_scaling_factor=1.0),
     'tied-gqa': LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101,
                             max_seq_len=128, rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True),
     'untied-mha-rope-scaled': LlamaConfig(dim=96, n_layers=3, n_heads=6, n_kv_heads=6, ffn_dim=160,
@@ -244,7 +246,8 @@ def test_non_llama_and_pickled_checkpoints_are_refused(tmp_path):
     result = subprocess.run([sys.executable, 'scripts/convert_checkpoint.py', 'from-hf', str(tmp_path / 'gpt2'),
                              str(tmp_path / 'out')], cwd=REPO, capture_output=True, text=True)
     assert (result.returncode, result.stderr) == (
-        2, "error: config.json: model_type is 'gpt2', not 'llama'; only Llama checkpoints convert\n")
+        2, "error: config.json: model_type is 'gpt2', not 'llama' or 'mixtral'; only Llama and Mixtral checkpoints "
+           "convert\n")
     (tmp_path / 'bin').mkdir()
     (tmp_path / 'bin' / 'config.json').write_text(json.dumps(save_config(SOURCE)))
     torch.save({}, tmp_path / 'bin' / 'pytorch_model.bin')

@@ -46,7 +46,8 @@ BAD_CONFIGS = [
     (change('data.train.streams.a.proportion', None),
      'data.train.streams: give a proportion to every stream or to none'),
     (change('model.preset', '7b'),
-     "model.preset: unknown preset '7b'; choose one of debug, 1b, 3b, 8b, 70b"),
+     "model.preset: unknown preset '7b' of family llama; choose one of debug, 1b, 3b, 8b, 70b, llama2-7b, "
+     "llama2-13b, llama2-70b"),
     (change('model.n_heads', 5),
      'model.dim: 64 is not divisible by model.n_heads 5'),
     (change('max_seq_len', 128),

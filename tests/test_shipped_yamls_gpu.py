@@ -18,7 +18,7 @@ from tests.conftest import COMPOSER, REPO, write_frontier_data_root
 pytestmark = pytest.mark.gpu
 
 STEPS = 4
-LLAMA3_VOCAB = 128256
+LLAMA3_VOCAB, MIXTRAL_VOCAB = 128256, 32000
 
 
 @pytest.fixture(scope='module')
@@ -30,15 +30,26 @@ def data_root(tmp_path_factory) -> str:
     return str(root)
 
 
+@pytest.fixture(scope='module')
+def mixtral_data_root(tmp_path_factory) -> str:
+    """The same streams in Mixtral's tokens: 4,096-token windows of ids below 32,000, tokenizer/mixtral with </s>."""
+    root = tmp_path_factory.mktemp('lustre-mixtral')
+    write_frontier_data_root(root, window=4096, vocab=MIXTRAL_VOCAB, windows=lambda stream: 1024 if stream < 6 else 64,
+                             tokenizer='mixtral', special_tokens=('</s>',))
+    return str(root)
+
+
 def gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def fitting_layers(yaml_name: str) -> list[str]:
-    """The layer count that fits the GPUs present: all 16 of the 1B models; 4 of the 8B and 1-2 of the 70B (their
-    fp32 weights and Adam state alone: 8B 128 GB, 70B 1.1 TB)."""
+    """The layer count that fits the GPUs present: all 16 of the 1B models; 4 of the 8B, 2 of Mixtral-8x7B and 1-2
+    of the 70B (their fp32 weights and Adam state alone: 8B 128 GB, Mixtral 747 GB, 70B 1.1 TB)."""
     if yaml_name == 'llama8b.yaml':
         return ['model.n_layers=4']
+    if yaml_name == 'mixtral8x7b.yaml':
+        return ['model.n_layers=2']
     if yaml_name == 'llama70b.yaml':
         return [f'model.n_layers={1 if gpus() == 1 else 2}']
     return []
@@ -56,8 +67,12 @@ def train(yaml_name: str, data_root: str, checkpoints: str) -> subprocess.Comple
 
 
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize('yaml_name', ['llama1b.yaml', 'mlm1b.yaml', 'llama8b.yaml', 'llama70b.yaml'])
-def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, data_root, tmp_path):
+@pytest.mark.parametrize('yaml_name', ['llama1b.yaml', 'mlm1b.yaml', 'llama8b.yaml', 'llama70b.yaml',
+                                       'mixtral8x7b.yaml'])
+def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, request, tmp_path):
+    mixtral = yaml_name.startswith('mixtral')
+    data_root = request.getfixturevalue('mixtral_data_root' if mixtral else 'data_root')
+    vocab = MIXTRAL_VOCAB if mixtral else LLAMA3_VOCAB
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests in this process cached, the training process needs
     checkpoints = tmp_path / 'checkpoints'  # up to 36 GB (70B, one layer): removed at the end
@@ -67,8 +82,8 @@ def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, data_root, t
         assert run.returncode == 0, run.stderr[-4000:]
         losses = [float(value) for value in re.findall(r'^batch \d+/\d+  loss (\S+)', run.stdout, re.MULTILINE)]
         assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses)
-        assert abs(losses[0] - math.log(LLAMA3_VOCAB)) < 1.0  # a fresh model predicts about uniformly: ln 128,256
-        run_name = re.search(r'^run (\S+): Llama preset', run.stdout, re.MULTILINE).group(1)
+        assert abs(losses[0] - math.log(vocab)) < 1.0  # a fresh model predicts about uniformly: ln(vocabulary)
+        run_name = re.search(r'^run (\S+): \w+ preset', run.stdout, re.MULTILINE).group(1)
         saved = sorted(os.listdir(checkpoints / run_name / f'ep0-ba{STEPS}'))
         assert saved == [SEAL, '.metadata'] + [f'__{rank}_0.distcp' for rank in range(gpus())]
         again = train(yaml_name, data_root, str(checkpoints))

@@ -1,5 +1,5 @@
-"""Training end to end: order-change warnings, eval, masked LM, the parallel layout of a launch (kill -9 and autoresume:
-tests/test_chaos.py)."""
+"""Training end to end: order-change warnings, eval, Mixtral's logged loss parts, masked LM, the parallel layout of a
+launch (kill -9 and autoresume: tests/test_chaos.py)."""
 import math
 import os
 import subprocess
@@ -37,6 +37,25 @@ def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):
     assert [batch for batch, _ in losses] == [2, 4]
     assert perplexities == pytest.approx([math.exp(loss) for _, loss in losses], rel=1e-5)
     assert 5.5 < losses[0][1] < 7.0  # random tokens over a 512 vocabulary: about ln(512) = 6.24
+
+
+def test_mixtral_logs_its_loss_parts_and_the_experts_load(tiny_config, tmp_path):
+    """total = cross-entropy + 0.02 x router_aux at every batch; each batch's expert shares sum to 1."""
+    from llmfoundry_ext.train import logged_history
+    tiny_config['model'] = {**tiny_config['model'], 'family': 'mixtral', 'n_experts': 4}
+    tiny_config.update(parallelism={'fsdp': None}, max_duration='3ba', eval_interval='3ba', loggers={'in_memory': {}})
+    tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}}}
+    trainer = train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    history = {name: [float(value) for _, value in values] for name, values in logged_history(trainer).items()}
+    trainer.close()
+    totals, entropies, aux = (history[f'loss/train/{part}'] for part in ('total', 'cross_entropy', 'router_aux'))
+    assert len(totals) == 3
+    assert totals == pytest.approx([entropy + 0.02 * a for entropy, a in zip(entropies, aux)], abs=1e-6)
+    assert all(2.0 <= aux < 2.5 for aux in history['loss/train/router_aux'])  # 2 (= k) when balanced
+    shares = [history[f'router/load/expert_{expert}'] for expert in range(4)]
+    assert [sum(batch) for batch in zip(*shares)] == pytest.approx([1.0, 1.0, 1.0])
+    assert all(1.0 <= load <= 2.0 for load in history['router/max_load'])  # at most E/k = 2
+    assert 5.5 < history['metrics/eval/LanguageCrossEntropy'][0] < 7.0
 
 
 def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):

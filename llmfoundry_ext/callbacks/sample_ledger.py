@@ -24,7 +24,8 @@ class SampleLedger(Callback):
         self.path = os.path.join(folder, f'ledger-rank{dist.get_global_rank()}.jsonl')
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        line = {'batch': int(state.timestamp.batch), 'loss': float(state.loss.detach()),
+        loss = state.loss['total'] if isinstance(state.loss, dict) else state.loss
+        line = {'batch': int(state.timestamp.batch), 'loss': float(loss.detach()),
                 'sample_ids': state.batch['sample_ids'].tolist()}
         with open(self.path, 'a') as file:
             file.write(json.dumps(line) + '\n')

@@ -1,4 +1,5 @@
-"""The Transformer inside one ComposerModel: loss, metrics, and FLOPs per batch for MFU."""
+"""A family's model inside one ComposerModel: loss (with a mixture of experts' load-balancing loss), metrics, and
+FLOPs per batch for MFU."""
 import functools
 
 import torch
@@ -7,9 +8,10 @@ from composer.metrics.nlp import LanguageCrossEntropy, LanguagePerplexity
 from composer.models import ComposerModel
 
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from llmfoundry_ext.model.mixtral import MixtralConfig, load_balancing_loss
 
 
-class LlamaLM(ComposerModel):
+class LanguageModel(ComposerModel):
     """Batches {'input_ids' [B, S], 'labels' [B, S] with -100 = ignore} -> logits and a token-mean loss.
 
     Labels are aligned with positions (the collator shifts them for causal LM), so the same loss serves
@@ -17,6 +19,8 @@ class LlamaLM(ComposerModel):
     ``meta`` (the metrics are built here, on the CPU). The loss is chosen once, here: with the fused cross_entropy
     kernel the training forward returns the loss itself (the logits never exist) and evaluation computes logits for
     its metrics; otherwise the forward returns logits and the cross-entropy (compiled or not) takes them.
+    A mixture of experts also returns its router statistics: the loss is then {'total': cross-entropy +
+    router_aux_loss_coef x load-balancing loss, 'cross_entropy', 'router_aux'} (Composer logs each).
     """
 
     def __init__(self, model: Transformer, compile_loss: bool = False):
@@ -24,23 +28,30 @@ class LlamaLM(ComposerModel):
         self.config = model.config
         self.model = model
         self.fused_loss = model.kernels.fused_loss
+        self.routed = isinstance(model.config, MixtralConfig)
         self.cross_entropy = compiled_cross_entropy() if compile_loss else token_mean_cross_entropy
         self.eval_metrics = {'LanguageCrossEntropy': LanguageCrossEntropy(),
                              'LanguagePerplexity': LanguagePerplexity()}
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        """The loss (fused) or logits [B, S, vocab]."""
+    def forward(self, batch: dict):
+        """The loss (fused) or logits [B, S, vocab]; routed: with the router statistics [layers, 2, E]."""
         labels = batch['labels'] if self.fused_loss else None
         return self.model(batch['input_ids'], batch.get('position_ids'), labels)
 
-    def loss(self, outputs: torch.Tensor, batch: dict) -> torch.Tensor:
-        return outputs if self.fused_loss else self.cross_entropy(outputs, batch['labels'])
+    def loss(self, outputs, batch: dict) -> torch.Tensor | dict:
+        main, statistics = outputs if self.routed else (outputs, None)
+        loss = main if self.fused_loss else self.cross_entropy(main, batch['labels'])
+        if statistics is None:
+            return loss
+        router_aux = load_balancing_loss(statistics, batch['input_ids'].numel())
+        return {'total': loss + self.config.router_aux_loss_coef * router_aux, 'cross_entropy': loss,
+                'router_aux': router_aux}
 
     def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
         """Logits: the training forward's, or (fused loss, or none given) a forward of their own."""
-        if outputs is not None and not self.fused_loss:
-            return outputs
-        return self.model(batch['input_ids'], batch.get('position_ids'))
+        if outputs is None or self.fused_loss:
+            outputs = self.model(batch['input_ids'], batch.get('position_ids'))
+        return outputs[0] if self.routed else outputs
 
     def get_metrics(self, is_train: bool = False) -> dict:
         """No training metrics: Composer 0.32 would run ``eval_forward`` on every micro-batch for them (another

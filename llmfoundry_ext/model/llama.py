@@ -1,4 +1,4 @@
-"""Llama-3.x in plain PyTorch, with Hugging Face parameter names and rotate-half RoPE.
+"""Llama 2 and 3.x in plain PyTorch, with Hugging Face parameter names and rotate-half RoPE.
 
 Shapes: B batch, S sequence, H query heads, K key/value heads, D head dim.
 The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}.self_attn.q_proj``,
@@ -41,12 +41,15 @@ class LlamaConfig:
     def head_dim(self) -> int:
         return self.dim // self.n_heads
 
-    def num_params(self, include_embedding: bool = True) -> int:
-        """Parameter count from the config alone (tied output counted once)."""
+    def feed_forward_params(self, active: bool = False) -> int:
+        """Parameters of one block's feed-forward (``active``: those one token runs through; the same here)."""
+        return 3 * self.dim * self.ffn_dim
+
+    def num_params(self, include_embedding: bool = True, active: bool = False) -> int:
+        """Parameter count from the config alone (tied output counted once); ``active``: per token."""
         kv_dim = self.n_kv_heads * self.head_dim
         attention = self.dim * (2 * self.dim + 2 * kv_dim)
-        feed_forward = 3 * self.dim * self.ffn_dim
-        block = attention + feed_forward + 2 * self.dim
+        block = attention + self.feed_forward_params(active) + 2 * self.dim
         embedding = self.vocab_size * self.dim
         output = 0 if self.tie_embeddings else embedding
         total = self.n_layers * block + self.dim + output + (embedding if include_embedding else 0)
@@ -55,15 +58,16 @@ class LlamaConfig:
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token (forward + backward), torchtitan's convention for MFU.
 
-        6 x (parameters in matmuls, the output layer included) + 12 x layers x dim x seq_len for
+        6 x (active parameters in matmuls, the output layer included) + 12 x layers x dim x seq_len for
         attention scores and values (no causal discount, so MFU figures compare with torchtitan's).
         """
-        matmul_params = self.num_params(include_embedding=False)
+        matmul_params = self.num_params(include_embedding=False, active=True)
         if self.tie_embeddings:
             matmul_params += self.vocab_size * self.dim
         return 6 * matmul_params + 12 * self.n_layers * self.dim * seq_len
 
 
+_LLAMA2 = dict(vocab_size=32000, norm_eps=1e-5, rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=4096)
 _LLAMA3_ROPE = dict(rope_theta=500000.0, vocab_size=128256, norm_eps=1e-5, n_kv_heads=8,
                     rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_seq_len=8192)
 PRESETS = {
@@ -75,6 +79,9 @@ PRESETS = {
                       tie_embeddings=True, **_LLAMA3_ROPE),
     '8b': LlamaConfig(dim=4096, n_layers=32, n_heads=32, ffn_dim=14336, rope_scaling_factor=8.0, **_LLAMA3_ROPE),
     '70b': LlamaConfig(dim=8192, n_layers=80, n_heads=64, ffn_dim=28672, rope_scaling_factor=8.0, **_LLAMA3_ROPE),
+    'llama2-7b': LlamaConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=11008, **_LLAMA2),
+    'llama2-13b': LlamaConfig(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824, **_LLAMA2),
+    'llama2-70b': LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672, **_LLAMA2),
 }
 
 
@@ -182,13 +189,15 @@ def make_norm(config: LlamaConfig, kernels: KernelConfig) -> RMSNorm:
 
 
 class TransformerBlock(nn.Module):
+    feed_forward_class = FeedForward
+
     def __init__(self, config: LlamaConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
         self.input_layernorm = make_norm(config, kernels)
         self.self_attn = Attention(config, kernels)
         self.post_attention_layernorm = make_norm(config, kernels)
-        self.mlp = FeedForward(config, kernels)
+        self.mlp = self.feed_forward_class(config, kernels)
         self.checkpointing = None  # activation checkpointing: torch.utils.checkpoint's options (parallelism.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
@@ -198,8 +207,11 @@ class TransformerBlock(nn.Module):
         return checkpoint(self.compute, x, cos, sin, backend, mask, use_reentrant=False, preserve_rng_state=False,
                           **self.checkpointing)
 
-    def compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
+    def compute(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, mask)
+        return self.add_feed_forward(x)
+
+    def add_feed_forward(self, x: torch.Tensor):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -216,12 +228,13 @@ class OutputLayer(nn.Linear):
 
 class Transformer(nn.Module):
     """Token ids [B, S] -> logits [B, S, vocab], run with the given kernels."""
+    block_class = TransformerBlock
 
     def __init__(self, config: LlamaConfig, kernels: KernelConfig = KernelConfig()):
         super().__init__()
         self.config, self.kernels = config, kernels
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-        self.layers = nn.ModuleList(TransformerBlock(config, kernels, i) for i in range(config.n_layers))
+        self.layers = nn.ModuleList(self.block_class(config, kernels, i) for i in range(config.n_layers))
         self.norm = make_norm(config, kernels)
         self.lm_head = OutputLayer(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -236,7 +249,14 @@ class Transformer(nn.Module):
         return self.lm_head(self.hidden_states(input_ids, position_ids), labels)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Final-norm hidden states [B, S, dim] (for losses that fuse the output layer).
+        """Final-norm hidden states [B, S, dim]."""
+        x, *context = self.layer_inputs(input_ids, position_ids)
+        for layer in self.layers:
+            x = layer(x, *context)
+        return self.norm(x)
+
+    def layer_inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> tuple:
+        """(embeddings, cos, sin, backend, mask): what every block takes.
 
         Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document.
         """
@@ -245,10 +265,7 @@ class Transformer(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         cos, sin = self.rope_tables(position_ids)
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, cos, sin, backend, mask)
-        return self.norm(x)
+        return self.embed_tokens(input_ids), cos, sin, backend, mask
 
     def attention_backend(self, document_masking: bool, on_gpu: bool) -> str:
         """The backend to run: the one named (preflight resolves ``auto`` for a run), or for ``auto`` the fastest

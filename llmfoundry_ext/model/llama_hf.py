@@ -1,5 +1,5 @@
-"""The Llama family's HF adapter: transformers' ``LlamaForCausalLM`` config.json <-> our LlamaConfig, and parameter
-names. Our Transformer uses HF's LlamaModel names, so conversion is one rename: HF puts ``model.`` before every
+"""The Llama family's HF adapter: transformers' ``LlamaForCausalLM`` config.json <-> our LlamaConfig, and tensors.
+Our Transformer uses HF's LlamaModel names, so conversion is one rename: HF puts ``model.`` before every
 name but ``lm_head.weight``."""
 import torch
 
@@ -15,6 +15,16 @@ def to_hf_name(name: str) -> str:
 
 def from_hf_name(name: str) -> str:
     return name if name == 'lm_head.weight' else name.removeprefix('model.')
+
+
+def to_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our tensors under HF's names."""
+    return {to_hf_name(name): tensor for name, tensor in tensors.items()}
+
+
+def from_hf(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An HF checkpoint's tensors under our names."""
+    return {from_hf_name(name): tensor for name, tensor in tensors.items()}
 
 
 def hf_config(config: LlamaConfig, dtype: torch.dtype) -> dict:
@@ -37,7 +47,8 @@ def hf_config(config: LlamaConfig, dtype: torch.dtype) -> dict:
 
 
 def config_from_hf(hf: dict) -> LlamaConfig:
-    """Our LlamaConfig from an HF Llama config.json (transformers 4's rope_theta/rope_scaling or 5's rope_parameters)."""
+    """Our LlamaConfig from an HF Llama (or Mixtral) config.json (transformers 4's rope_theta/rope_scaling or 5's
+    rope_parameters)."""
     rope = {**(hf.get('rope_parameters') or {}), **(hf.get('rope_scaling') or {})}
     rope_type = rope.get('rope_type', rope.get('type', 'default'))
     if rope_type not in ('default', 'llama3'):

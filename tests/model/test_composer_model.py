@@ -1,7 +1,7 @@
-"""LlamaLM's loss: the compiled cross-entropy (model.compile) gives the eager one's loss and gradients."""
+"""LanguageModel's loss: the compiled cross-entropy (model.compile) gives the eager one's loss and gradients."""
 import torch
 
-from llmfoundry_ext.model.composer_model import LlamaLM
+from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
@@ -10,7 +10,7 @@ TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, voc
 
 def loss_and_grads(compile_loss: bool):
     torch.manual_seed(0)
-    model = LlamaLM(Transformer(TINY), compile_loss=compile_loss)
+    model = LanguageModel(Transformer(TINY), compile_loss=compile_loss)
     tokens = torch.randint(0, 97, (2, 32))
     labels = torch.roll(tokens, -1, 1)
     labels[:, -1] = -100

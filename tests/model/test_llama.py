@@ -1,4 +1,5 @@
-"""The Llama model: published parameter counts, causality, GQA, and Llama-3.1 RoPE scaling."""
+"""The Llama model: published parameter counts (Llama 2 and 3, as transformers counts them), causality, GQA, and
+Llama-3.1 RoPE scaling."""
 import math
 
 import pytest
@@ -13,7 +14,8 @@ TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, voc
 
 
 @pytest.mark.parametrize('preset, count', [('1b', 1_235_814_400), ('8b', 8_030_261_248),
-                                           ('70b', 70_553_706_496)])
+                                           ('70b', 70_553_706_496), ('llama2-7b', 6_738_415_616),
+                                           ('llama2-13b', 13_015_864_320), ('llama2-70b', 68_976_648_192)])
 def test_preset_parameter_counts(preset, count):
     with torch.device('meta'):
         model = Transformer(PRESETS[preset])

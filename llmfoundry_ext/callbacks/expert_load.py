@@ -1,0 +1,32 @@
+"""A mixture of experts' load per step: how the router spread the tokens over the experts."""
+import torch
+from composer.core import Callback, State
+from composer.loggers import Logger
+from composer.utils import dist
+
+
+class ExpertLoad(Callback):
+    """Logs, per batch over every micro-batch and rank: ``router/load/expert_{e}``, the share of routed tokens each
+    expert got over all layers (1/E each when balanced), and ``router/max_load``, the busiest expert of any layer
+    against a balanced share (1.0 when balanced, E/k when one expert takes every token). The load-balancing loss
+    itself is the loss's ``router_aux`` (``loss/train/router_aux``)."""
+
+    def __init__(self):
+        self.chosen = None  # [layers, E] this batch
+
+    def after_forward(self, state: State, logger: Logger) -> None:
+        chosen = state.outputs[1].detach()[:, 0]
+        self.chosen = chosen if self.chosen is None else self.chosen + chosen
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        chosen, self.chosen = self.chosen, None
+        dist.all_reduce(chosen)
+        logger.log_metrics(load_metrics(chosen))
+
+
+def load_metrics(chosen: torch.Tensor) -> dict[str, float]:
+    """``chosen`` [layers, E]: times each layer's router chose each expert -> the logged figures."""
+    per_expert = chosen.sum(dim=0) / chosen.sum()
+    per_layer = chosen / chosen.sum(dim=1, keepdim=True)
+    metrics = {f'router/load/expert_{expert}': float(share) for expert, share in enumerate(per_expert)}
+    return {**metrics, 'router/max_load': float(per_layer.max() * chosen.shape[1])}

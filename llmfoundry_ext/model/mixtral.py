@@ -1,0 +1,132 @@
+"""Mixtral: the Llama block with a sparse mixture-of-experts feed-forward, experts run as grouped GEMMs.
+
+Shapes: T tokens (batch x sequence), E experts, k experts per token, F the experts' feed-forward width.
+Parameter names follow transformers' Mixtral (``layers.{i}.mlp.gate``; the experts' weights are stacked,
+``layers.{i}.mlp.experts.w1`` [E, F, dim], where HF's checkpoints hold one ``experts.{e}.w1`` each: ``mixtral_hf``).
+"""
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmfoundry_ext.model import fused
+from llmfoundry_ext.model.kernels import KernelConfig
+from llmfoundry_ext.model.llama import INIT_STD, LlamaConfig, Transformer, TransformerBlock, residual_init_std
+
+
+@dataclass(frozen=True)
+class MixtralConfig(LlamaConfig):
+    """Llama's architecture fields (``ffn_dim`` is each expert's width) and the experts (HF ``MixtralConfig``)."""
+    n_experts: int = 8
+    experts_per_token: int = 2
+    router_aux_loss_coef: float = field(default=0.02, metadata={'weights': False})  # load-balancing loss weight
+
+    def feed_forward_params(self, active: bool = False) -> int:
+        """The router and every expert, or (``active``) the router and the experts one token runs through."""
+        experts = self.experts_per_token if active else self.n_experts
+        return self.dim * self.n_experts + experts * 3 * self.dim * self.ffn_dim
+
+
+PRESETS = {
+    'debug': MixtralConfig(dim=256, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=512, vocab_size=8000,
+                           n_experts=8, experts_per_token=2, rope_theta=10000.0, rope_scaling_factor=1.0,
+                           max_seq_len=2048),
+    'mixtral-8x7b': MixtralConfig(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32000,
+                                  norm_eps=1e-5, rope_theta=1e6, rope_scaling_factor=1.0, max_seq_len=32768,
+                                  n_experts=8, experts_per_token=2),
+}
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts, their weights stacked; each runs only on the tokens routed to it, all experts in one
+    grouped GEMM per projection over the tokens sorted by expert (no loop over experts, no padding)."""
+
+    def __init__(self, config: MixtralConfig, kernels: KernelConfig):
+        super().__init__()
+        experts, dim, width = config.n_experts, config.dim, config.ffn_dim
+        self.w1 = nn.Parameter(torch.empty(experts, width, dim))  # gate
+        self.w2 = nn.Parameter(torch.empty(experts, dim, width))  # down
+        self.w3 = nn.Parameter(torch.empty(experts, width, dim))  # up
+        self.down_init_std = residual_init_std(config)
+        self.fused_swiglu = 'swiglu' in kernels.fused_kernels
+
+    def forward(self, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """tokens [T, dim], experts [T, k] (chosen expert ids), weights [T, k] -> the weighted sum [T, dim]."""
+        top_k = experts.shape[1]
+        order = experts.flatten().argsort(stable=True)           # the T*k routed copies, grouped by expert
+        token_of = order // top_k
+        counts = torch.histc(experts.flatten().float(), bins=self.w1.shape[0], min=0, max=self.w1.shape[0])
+        offsets = counts.cumsum(0).to(torch.int32)                # each expert's group ends here
+        routed = tokens[token_of]
+        gate = F.grouped_mm(routed, self.w1.transpose(-2, -1), offs=offsets)
+        up = F.grouped_mm(routed, self.w3.transpose(-2, -1), offs=offsets)
+        hidden = fused.swiglu(gate, up) if self.fused_swiglu else F.silu(gate) * up
+        out = F.grouped_mm(hidden, self.w2.transpose(-2, -1), offs=offsets)
+        out = out * weights.flatten()[order].unsqueeze(-1)
+        return torch.zeros_like(tokens).index_add_(0, token_of, out)
+
+    def init_weights(self):
+        for weight, std in ((self.w1, INIT_STD), (self.w3, INIT_STD), (self.w2, self.down_init_std)):
+            nn.init.trunc_normal_(weight, std=std)
+
+
+class MoE(nn.Module):
+    """Mixtral's sparse feed-forward: the router's softmax over all experts, the top k kept and renormalised
+    (as transformers' MixtralSparseMoeBlock), and the router's statistics for the load-balancing loss."""
+
+    def __init__(self, config: MixtralConfig, kernels: KernelConfig):
+        super().__init__()
+        self.top_k = config.experts_per_token
+        self.gate = nn.Linear(config.dim, config.n_experts, bias=False)
+        self.experts = GroupedExperts(config, kernels)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, S, dim] -> (output [B, S, dim], router statistics [2, E]: times each expert was chosen, and the
+        sum of its router probabilities over the tokens)."""
+        tokens = x.flatten(0, 1)
+        probabilities = F.softmax(self.gate(tokens), dim=-1, dtype=torch.float)
+        weights, experts = probabilities.topk(self.top_k, dim=-1)
+        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        chosen = torch.histc(experts.flatten().float(), bins=probabilities.shape[1], min=0,
+                             max=probabilities.shape[1])
+        statistics = torch.stack((chosen, probabilities.sum(dim=0)))
+        return self.experts(tokens, experts, weights).view_as(x), statistics
+
+
+class MixtralBlock(TransformerBlock):
+    """Returns (x, router statistics [2, E])."""
+    feed_forward_class = MoE
+
+    def add_feed_forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, statistics = self.mlp(self.post_attention_layernorm(x))
+        return x + out, statistics
+
+
+class Mixtral(Transformer):
+    """Token ids [B, S] -> (logits [B, S, vocab], or the loss given labels; router statistics [layers, 2, E])."""
+    block_class = MixtralBlock
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, *context = self.layer_inputs(input_ids, position_ids)
+        statistics = []
+        for layer in self.layers:
+            x, layer_statistics = layer(x, *context)
+            statistics.append(layer_statistics)
+        return self.lm_head(self.norm(x), labels), torch.stack(statistics)
+
+    def init_module(self, module: nn.Module):
+        if isinstance(module, GroupedExperts):
+            module.init_weights()
+        else:
+            super().init_module(module)
+
+
+def load_balancing_loss(statistics: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The Switch / Mixtral auxiliary loss over all layers at once, as transformers' ``load_balancing_loss_func``:
+    E x sum over experts of (times chosen per token) x (mean router probability), both averaged over every layer's
+    ``tokens``. ``statistics`` [layers, 2, E] from ``Mixtral``; k (experts per token) when perfectly balanced."""
+    layers, _, experts = statistics.shape
+    chosen, probability = statistics.sum(dim=0) / (layers * tokens)
+    return experts * (chosen * probability).sum()

@@ -1,0 +1,104 @@
+"""The Mixtral model: published parameter count, active-parameter FLOPs, the grouped-GEMM experts against a
+per-expert loop, and the load-balancing loss's range."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmfoundry_ext.model.kernels import KernelConfig
+from llmfoundry_ext.model.mixtral import PRESETS, GroupedExperts, Mixtral, MixtralConfig, load_balancing_loss
+
+TINY = MixtralConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101, n_experts=4,
+                     experts_per_token=2, rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=128)
+
+
+def test_mixtral_8x7b_parameter_count_on_meta():
+    with torch.device('meta'):
+        model = Mixtral(PRESETS['mixtral-8x7b'])
+    assert sum(p.numel() for p in model.parameters()) == PRESETS['mixtral-8x7b'].num_params() == 46_702_792_704
+
+
+def test_flops_count_the_active_parameters():
+    """Two of eight experts per token: 12,879,925,248 active parameters (Mistral's "12.9B"), of which all but the
+    embedding lookup are in matmuls."""
+    config = PRESETS['mixtral-8x7b']
+    assert config.num_params(active=True) == 12_879_925_248
+    active = config.num_params(include_embedding=False, active=True)
+    assert active == 12_879_925_248 - 32000 * 4096
+    assert config.flops_per_token(4096) == 6 * active + 12 * 32 * 4096 * 4096
+
+
+def loop_reference(experts: GroupedExperts, tokens, chosen, weights):
+    """Each expert in turn on the tokens routed to it (transformers 4's Mixtral loop)."""
+    out = torch.zeros_like(tokens)
+    for expert in range(experts.w1.shape[0]):
+        token_index, slot = torch.where(chosen == expert)
+        x = tokens[token_index]
+        hidden = F.silu(x @ experts.w1[expert].T) * (x @ experts.w3[expert].T)
+        out = out.index_add(0, token_index, (hidden @ experts.w2[expert].T) * weights[token_index, slot, None])
+    return out
+
+
+def unbalanced_routing(tokens: int, top_k: int, generator) -> torch.Tensor:
+    """[tokens, top_k] distinct expert ids out of 8 where experts 2, 5 and 7 get no token and expert 0 most."""
+    used = torch.tensor([0, 0, 0, 0, 1, 3, 4, 6])
+    rows = []
+    for _ in range(tokens):
+        row = used[torch.randperm(len(used), generator=generator)].unique()[:top_k]
+        rows.append(row if len(row) == top_k else torch.tensor([0, 1]))
+    return torch.stack(rows)
+
+
+def grouped_and_loop(device: str, dtype: torch.dtype):
+    """Output and gradients (tokens, routing weights, w1, w2, w3) of the grouped experts and of the loop."""
+    generator = torch.Generator().manual_seed(0)
+    config = MixtralConfig(dim=64, ffn_dim=128, n_experts=8, experts_per_token=2, n_layers=2)
+    experts = GroupedExperts(config, KernelConfig())
+    experts.init_weights()
+    experts.to(device=device, dtype=dtype)
+    tokens = torch.randn(300, 64, generator=generator).to(device, dtype)
+    chosen = unbalanced_routing(300, 2, generator).to(device)
+    weights = torch.rand(300, 2, generator=generator).softmax(-1).to(device, dtype)
+    results = []
+    for run in (experts, lambda *args: loop_reference(experts, *args)):
+        inputs = [tokens.clone().requires_grad_(), weights.clone().requires_grad_()]
+        out = run(inputs[0], chosen, inputs[1])
+        parameters = [experts.w1, experts.w2, experts.w3]
+        grads = torch.autograd.grad((out.float() ** 2).sum(), inputs + parameters)
+        results.append((out, grads))
+    assert chosen.flatten().bincount(minlength=8)[[2, 5, 7]].tolist() == [0, 0, 0]
+    return results
+
+
+def test_grouped_experts_equal_the_loop_in_fp32():
+    (out, grads), (expected, expected_grads) = grouped_and_loop('cpu', torch.float32)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_load_balancing_loss_is_top_k_when_balanced_and_grows_with_imbalance():
+    """2 layers, 4 experts, 10 tokens, top 2: every expert chosen 5 times at probability 1/4 gives 2 (= k);
+    all tokens on two experts whose probability is 1/2 each gives 4."""
+    balanced = torch.tensor([[5.0, 5, 5, 5], [2.5, 2.5, 2.5, 2.5]]).expand(2, 2, 4)
+    assert load_balancing_loss(balanced, tokens=10).item() == pytest.approx(2.0)
+    collapsed = torch.tensor([[10.0, 10, 0, 0], [5, 5, 0, 0]]).expand(2, 2, 4)
+    assert load_balancing_loss(collapsed, tokens=10).item() == pytest.approx(4.0)
+
+
+def test_router_statistics_count_every_routed_token():
+    torch.manual_seed(0)
+    model = Mixtral(TINY)
+    model.init_weights()
+    logits, statistics = model(torch.randint(0, 101, (2, 24)))
+    assert logits.shape == (2, 24, 101) and statistics.shape == (2, 2, 4)
+    assert statistics[:, 0].sum(dim=1).tolist() == [96.0, 96.0]      # 48 tokens x 2 experts, each layer
+    torch.testing.assert_close(statistics[:, 1].sum(dim=1), torch.tensor([48.0, 48.0]))  # probabilities sum to 1
+
+
+def test_experts_initialised_with_depth_scaled_down_projection():
+    torch.manual_seed(0)
+    model = Mixtral(MixtralConfig(dim=256, ffn_dim=512, n_layers=8, n_experts=4, vocab_size=64))
+    model.init_weights()
+    experts = model.layers[0].mlp.experts
+    assert experts.w1.std().item() == pytest.approx(0.02, rel=0.02)
+    assert experts.w2.std().item() == pytest.approx(0.02 / 4, rel=0.02)  # 0.02 / sqrt(2 x 8 layers)
