@@ -16,7 +16,7 @@ class ExpertLoad(Callback):
 
     def after_forward(self, state: State, logger: Logger) -> None:
         chosen = state.outputs[1].detach()[:, 0]
-        self.chosen = chosen if self.chosen is None else self.chosen + chosen
+        self.chosen = chosen.clone() if self.chosen is None else self.chosen + chosen  # contiguous, for NCCL
 
     def batch_end(self, state: State, logger: Logger) -> None:
         chosen, self.chosen = self.chosen, None
