@@ -14,9 +14,10 @@
 #   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all)
-#   bash benchmarks/gpu.sh bench-mixtral [LAYERS] Mixtral-8x7B width (LAYERS layers, default 3) at 4,096 tokens, local
-#                                               batch 1, no AC: ours beside transformers' MixtralForCausalLM (its
-#                                               default grouped_mm experts, and its per-expert loop)
+#   bash benchmarks/gpu.sh bench-mixtral [LAYERS] [LOCAL]  Mixtral-8x7B width (LAYERS layers, default 3) at 4,096
+#                                               tokens, LOCAL samples per GPU a step (default 4, the YAML's) in
+#                                               micro-batches of 1, no AC: ours beside transformers'
+#                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -109,7 +110,7 @@ case "${1:-}" in
   profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench-mixtral)
-    M="yamls/mixtral8x7b.yaml global_batch_size=$GPUS model.n_layers=${2:-3} $AC=none"
+    M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
