@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 
 import torch
 from composer.callbacks.speed_monitor import get_gpu_flops_available
@@ -119,11 +120,6 @@ class HFCausalLM(ComposerModel):
 HF_EXPERTS = {'hf': None, 'hf-loop': 'eager'}  # row model -> transformers' experts_implementation
 
 
-def transformers_version() -> str:
-    import transformers
-    return transformers.__version__
-
-
 def prepare(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> str:
     """The row's run YAML over random tokens in ``folder``, written once for all ranks (streaming refuses ranks
     of one node reading different folders); returns its path."""
@@ -138,7 +134,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     timer = StepTimer(warmup)
     model = HFCausalLM(run.architecture, HF_EXPERTS[row.model]) if row.model in HF_EXPERTS else None
     trainer = train(run, extra_callbacks=[timer], model=model)
-    hf = {} if model is None else {'transformers': transformers_version(), 'experts': model.experts_implementation}
+    hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
     seconds = timer.step_seconds()

@@ -223,10 +223,11 @@ def apply_preset(raw: dict) -> None:
     if not isinstance(model, dict):
         return
     weights = weights_config(model.get('init_from'))
-    family = family_named(model.get('family', family_of(weights).name if weights else 'llama'))
-    if weights is not None and type(weights) is not family.config:
+    weights_family = family_of(weights) if weights is not None else None
+    family = family_named(model.get('family', weights_family.name if weights_family else 'llama'))
+    if weights_family not in (None, family):
         raise ConfigError(f"model.family: '{family.name}' but the weights in {model['init_from']} are "
-                          f"'{family_of(weights).name}'; set model.family={family_of(weights).name}")
+                          f"'{weights_family.name}'; set model.family={weights_family.name}")
     preset = model.get('preset', 'debug')
     if preset not in family.presets:
         raise ConfigError(f"model.preset: unknown preset '{preset}' of family {family.name}; choose one of "

@@ -51,12 +51,13 @@ class GroupedExperts(nn.Module):
         self.down_init_std = residual_init_std(config)
         self.fused_swiglu = 'swiglu' in kernels.fused_kernels
 
-    def forward(self, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """tokens [T, dim], experts [T, k] (chosen expert ids), weights [T, k] -> the weighted sum [T, dim]."""
+    def forward(self, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+                counts: torch.Tensor) -> torch.Tensor:
+        """tokens [T, dim], experts [T, k] (chosen expert ids), weights [T, k], counts [E] (``times_chosen``) -> the
+        weighted sum [T, dim]."""
         top_k = experts.shape[1]
         order = experts.flatten().argsort(stable=True)           # the T*k routed copies, grouped by expert
         token_of = order // top_k
-        counts = torch.histc(experts.flatten().float(), bins=self.w1.shape[0], min=0, max=self.w1.shape[0])
         offsets = counts.cumsum(0).to(torch.int32)                # each expert's group ends here
         routed = tokens[token_of]
         gate = F.grouped_mm(routed, self.w1.transpose(-2, -1), offs=offsets)
@@ -69,6 +70,11 @@ class GroupedExperts(nn.Module):
     def init_weights(self):
         for weight, std in ((self.w1, INIT_STD), (self.w3, INIT_STD), (self.w2, self.down_init_std)):
             nn.init.trunc_normal_(weight, std=std)
+
+
+def times_chosen(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """[E] fp32: how many times each expert is among the chosen ``experts`` [T, k] (histc: no host sync)."""
+    return torch.histc(experts.flatten().float(), bins=n_experts, min=0, max=n_experts)
 
 
 class MoE(nn.Module):
@@ -88,10 +94,9 @@ class MoE(nn.Module):
         probabilities = F.softmax(self.gate(tokens), dim=-1, dtype=torch.float)
         weights, experts = probabilities.topk(self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
-        chosen = torch.histc(experts.flatten().float(), bins=probabilities.shape[1], min=0,
-                             max=probabilities.shape[1])
+        chosen = times_chosen(experts, probabilities.shape[1])
         statistics = torch.stack((chosen, probabilities.sum(dim=0)))
-        return self.experts(tokens, experts, weights).view_as(x), statistics
+        return self.experts(tokens, experts, weights, chosen).view_as(x), statistics
 
 
 class MixtralBlock(TransformerBlock):

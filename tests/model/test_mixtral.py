@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.mixtral import PRESETS, GroupedExperts, Mixtral, MixtralConfig, load_balancing_loss
+from llmfoundry_ext.model.mixtral import (PRESETS, GroupedExperts, Mixtral, MixtralConfig, load_balancing_loss,
+                                          times_chosen)
 
 TINY = MixtralConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101, n_experts=4,
                      experts_per_token=2, rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=128)
@@ -56,9 +57,9 @@ def grouped_and_loop(device: str, dtype: torch.dtype):
     chosen = unbalanced_routing(300, generator).to(device)
     weights = torch.rand(300, 2, generator=generator).softmax(-1).to(device, dtype)
     results = []
-    for run in (experts, lambda *args: loop_reference(experts, *args)):
+    for run in (experts, lambda tokens, chosen, weights, counts: loop_reference(experts, tokens, chosen, weights)):
         inputs = [tokens.clone().requires_grad_(), weights.clone().requires_grad_()]
-        out = run(inputs[0], chosen, inputs[1])
+        out = run(inputs[0], chosen, inputs[1], times_chosen(chosen, 8))
         parameters = [experts.w1, experts.w2, experts.w3]
         grads = torch.autograd.grad((out.float() ** 2).sum(), inputs + parameters)
         results.append((out, grads))
