@@ -81,7 +81,8 @@ class TraceSummary:
     span_ms: float  # first GPU event's start to last one's end
     steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
     gaps: list[dict]  # idle stretches, longest first: {ms, after: the kernel that ended, before: the next one,
-    #                   launched_in: the CPU ranges, outermost first, around the launch of the next one}
+    #                   launched_in: the CPU ranges, outermost first, around the launch of the next one,
+    #                   host_work: what that thread did during the stretch, longest first}
 
 
 def read_trace(path: str) -> TraceSummary:
@@ -96,7 +97,8 @@ def read_trace(path: str) -> TraceSummary:
         start, end = event['ts'], event['ts'] + event['dur']
         busy += max(0.0, end - max(start, covered_to))
         if last is not None and start > covered_to:
-            gaps.append(({'ms': (start - covered_to) / 1000, 'after': last, 'before': event['name']}, event))
+            gaps.append(({'ms': (start - covered_to) / 1000, 'after': last, 'before': event['name']}, event,
+                         covered_to))
         if end >= covered_to:
             covered_to, last = end, event['name']
     steps = {e['name'] for e in events if e['name'].startswith('ProfilerStep#')}
@@ -104,9 +106,11 @@ def read_trace(path: str) -> TraceSummary:
     gaps.sort(key=lambda gap: -gap[0]['ms'])
     launches = {e['args']['correlation']: e for e in events
                 if e.get('cat') in LAUNCH_EVENTS and 'correlation' in e.get('args', {})}
-    for gap, kernel in gaps[:GAPS_TRACED]:
-        gap['launched_in'] = launch_context(events, launches.get(kernel.get('args', {}).get('correlation')))
-    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, _ in gaps])
+    for gap, kernel, idle_from in gaps[:GAPS_TRACED]:
+        launch = launches.get(kernel.get('args', {}).get('correlation'))
+        gap['launched_in'] = launch_context(events, launch)
+        gap['host_work'] = host_work(events, launch, idle_from, kernel['ts'])
+    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, *_ in gaps])
 
 
 LAUNCH_EVENTS = ('cuda_runtime', 'cuda_driver')  # the CPU-side calls that launch GPU work
@@ -121,6 +125,26 @@ def launch_context(events: list[dict], launch: dict | None) -> str:
     around = [e for e in events if e.get('cat') in ('cpu_op', 'user_annotation') and e.get('tid') == launch.get('tid')
               and e['ts'] <= launch['ts'] <= e['ts'] + e['dur'] and not e['name'].startswith('ProfilerStep#')]
     return ' > '.join(e['name'] for e in sorted(around, key=lambda e: (e['ts'], -e['dur'])))
+
+
+def host_work(events: list[dict], launch: dict | None, start: float, end: float, shown: int = 4) -> str:
+    """What the launching thread did while the GPU sat idle in [start, end]: the innermost of its ranges that
+    spans the whole stretch (``all of it in aten::_chunk_cat``: host work inside one operator), then its
+    operators, annotations and CUDA calls that began or ended inside the stretch and overlapped it by over 0.1 ms,
+    the longest overlap first."""
+    if launch is None:
+        return ''
+    thread = [e for e in events if e.get('cat') in HOST_EVENTS and e.get('tid') == launch.get('tid')
+              and e['ts'] < end and e['ts'] + e['dur'] > start]
+    around = [e for e in thread if e['ts'] <= start and e['ts'] + e['dur'] >= end]
+    parts = [f"all of it in {max(around, key=lambda e: (e['ts'], -e['dur']))['name']}"] if around else []
+    overlaps = [(min(end, e['ts'] + e['dur']) - max(start, e['ts']), e['name']) for e in thread
+                if not (e['ts'] <= start and e['ts'] + e['dur'] >= end)]
+    longest = sorted((o for o in overlaps if o[0] > 100), reverse=True)[:shown]
+    return ', '.join(parts + [f'{name} {overlap / 1000:.2f} ms' for overlap, name in longest])
+
+
+HOST_EVENTS = ('cpu_op', 'user_annotation', 'python_function', *LAUNCH_EVENTS)
 
 
 def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
@@ -154,19 +178,26 @@ def format_comparison(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+ALLOCATOR_COUNTS = ('num_device_alloc', 'num_device_free', 'num_alloc_retries')  # torch.cuda.memory_stats keys
+
+
 class ProfileSteps(Callback):
     """Profiles batches ``warmup + 1`` .. ``warmup + steps`` of this invocation, each a ``ProfilerStep#N`` range as
-    torch.profiler's schedule marks them, then stops training."""
+    torch.profiler's schedule marks them, then stops training; ``python`` also records Python frames (slower).
+    ``allocator``: how many cudaMalloc, cudaFree and out-of-memory retries the caching allocator made in those
+    steps (each cudaFree waits for the whole GPU)."""
 
-    def __init__(self, warmup: int, steps: int):
+    def __init__(self, warmup: int, steps: int, python: bool = False):
         self.warmup, self.steps, self.seen, self.step_range = warmup, steps, 0, None
+        self.allocator: dict[str, int] = {}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self.profile = torch.profiler.profile(activities=activities, record_shapes=False)
+        self.profile = torch.profiler.profile(activities=activities, record_shapes=False, with_stack=python)
 
     def batch_start(self, state: State, logger: Logger) -> None:
         if self.seen == self.warmup:
+            self.allocator = allocator_counts()
             self.profile.start()
         if self.seen >= self.warmup:
             self.step_range = torch.profiler.record_function(f'ProfilerStep#{self.seen}')
@@ -181,7 +212,16 @@ class ProfileSteps(Callback):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.profile.stop()
+            self.allocator = {key: count - self.allocator.get(key, 0) for key, count in allocator_counts().items()}
             state.stop_training()
+
+
+def allocator_counts() -> dict[str, int]:
+    """The caching allocator's cumulative cudaMalloc / cudaFree / retry counts; empty without a GPU."""
+    if not torch.cuda.is_available():
+        return {}
+    stats = torch.cuda.memory_stats()
+    return {key: stats.get(key, 0) for key in ALLOCATOR_COUNTS}
 
 
 class SyncReport(Callback):

@@ -44,6 +44,8 @@ def main(argv: list[str]) -> int:
             print(f"{gap['ms']:>9.2f}  after {gap['after'][:70]}  before {gap['before'][:70]}")
             if gap.get('launched_in'):
                 print(f"           launched in {gap['launched_in'][-200:]}")
+            if gap.get('host_work'):
+                print(f"           host did {gap['host_work']}")
     if args.json:
         with open(args.json, 'w') as file:
             json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows, 'kernels': kernels,

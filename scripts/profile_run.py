@@ -1,9 +1,10 @@
 """Profile a few training steps of a run and print where the time goes, by kernel category.
 
   python scripts/profile_run.py yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1 \
-      [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json] [--syncs]
+      [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json] [--syncs] [--python] [--model hf]
 
-The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's). Writes a
+The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's; --model hf or
+hf-loop trains transformers' model of that shape instead, as scripts/benchmark.py's hf: rows do). Writes a
 Chrome/Perfetto trace (open in ui.perfetto.dev) and prints the category table (GPU kernels on a GPU, CPU
 operators otherwise); --syncs also lists where the last warm-up batch made the host wait for the GPU.
 (Not named profile.py: in scripts/ that would shadow Python's own ``profile``
@@ -18,6 +19,7 @@ import tempfile
 
 from composer.utils import dist, get_device
 
+from llmfoundry_ext.benchmark import HF_EXPERTS, HFCausalLM
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.profiling import ProfileSteps, SyncReport, category_table, format_table, self_times
@@ -34,6 +36,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--trace', default='trace.json')
     parser.add_argument('--json', help='also write the table here')
     parser.add_argument('--syncs', action='store_true', help="list the last warm-up batch's host syncs")
+    parser.add_argument('--python', action='store_true',
+                        help='record Python frames too (slower): what the host ran in an idle stretch')
+    parser.add_argument('--model', choices=['ours', *HF_EXPERTS], default='ours',
+                        help="ours, or transformers' model of the YAML's shape (hf-loop: its per-expert loop)")
     args = parser.parse_args(argv)
     dist.initialize_dist(get_device(None))
     folder = shared_folder()
@@ -50,7 +56,10 @@ def main(argv: list[str]) -> int:
             print(syncs.report())
         profiler.profile.export_chrome_trace(args.trace)
         rows = category_table(self_times(profiler.profile))
-        print(f'\n{args.yaml}: {args.steps} profiled steps after {args.warmup} warm-up; trace in {args.trace}')
+        print(f'\n{args.yaml} ({args.model}): {args.steps} profiled steps after {args.warmup} warm-up; trace in '
+              f'{args.trace}')
+        if profiler.allocator:
+            print('allocator in those steps: ' + ', '.join(f'{key} {n}' for key, n in profiler.allocator.items()))
         print(format_table(rows, args.steps))
         if args.json:
             with open(args.json, 'w') as file:
@@ -78,9 +87,10 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[Profil
         if dist.get_local_rank() == 0:
             print(f'config error: {error}', file=sys.stderr)
         return None, None
-    profiler = ProfileSteps(args.warmup, args.steps)
+    profiler = ProfileSteps(args.warmup, args.steps, args.python)
     syncs = SyncReport(args.warmup - 1) if args.syncs else None
-    train(run, extra_callbacks=[profiler] + ([syncs] if syncs else [])).close()
+    model = HFCausalLM(run.architecture, HF_EXPERTS[args.model]) if args.model in HF_EXPERTS else None
+    train(run, extra_callbacks=[profiler] + ([syncs] if syncs else []), model=model).close()
     return profiler, syncs
 
 

@@ -56,6 +56,22 @@ def test_profile_script_on_two_cpu_processes(tmp_path):
     assert steps == ['ProfilerStep#1', 'ProfilerStep#2']
 
 
+def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path):
+    """--model hf trains transformers' LlamaForCausalLM of the YAML's shape (each decoder layer an FSDP2 unit);
+    --python records the modules' frames, which name it."""
+    trace = tmp_path / 'trace.json'
+    result = subprocess.run(
+        [COMPOSER, '-n', '1', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=2', 'model.n_layers=2',
+         '--warmup', '1', '--steps', '1', '--trace', str(trace), '--python', '--model', 'hf'],
+        cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f'yamls/demo.yaml (hf): 1 profiled steps after 1 warm-up; trace in {trace}' in result.stdout
+    modules = {e['name'] for e in json.load(open(trace))['traceEvents'] if e['name'].startswith('nn.Module: ')}
+    assert {'nn.Module: FSDPLlamaForCausalLM_0', 'nn.Module: FSDPLlamaDecoderLayer_0',
+            'nn.Module: FSDPLlamaDecoderLayer_1'} <= modules
+    assert not any('Transformer' in name or 'LanguageModel' in name for name in modules)
+
+
 def write_trace(path, steps: int, kernels: list[tuple[str, str, float, float]]) -> str:
     """A Chrome trace of ``steps`` ProfilerStep ranges and GPU events (category, name, start us, duration us)."""
     events = [{'ph': 'X', 'cat': 'user_annotation', 'name': f'ProfilerStep#{n}', 'ts': 0, 'dur': 1} for n in range(steps)]
@@ -73,22 +89,31 @@ def test_read_trace_counts_overlapping_streams_once(tmp_path):
     assert summary.kernels == {'nvjet_gemm': 5.0, 'ncclDevKernel_AllGather': 4.0, 'Memcpy HtoD': 1.0}
     assert (summary.busy_ms, summary.span_ms, summary.steps) == (8.0, 11.0, 2)
     assert summary.gaps == [
-        {'ms': 2.0, 'after': 'ncclDevKernel_AllGather', 'before': 'Memcpy HtoD', 'launched_in': ''},
-        {'ms': 1.0, 'after': 'Memcpy HtoD', 'before': 'nvjet_gemm', 'launched_in': ''}]
+        {'ms': 2.0, 'after': 'ncclDevKernel_AllGather', 'before': 'Memcpy HtoD', 'launched_in': '', 'host_work': ''},
+        {'ms': 1.0, 'after': 'Memcpy HtoD', 'before': 'nvjet_gemm', 'launched_in': '', 'host_work': ''}]
 
 
-def test_read_trace_names_the_cpu_code_that_ended_each_idle_stretch(tmp_path):
-    cpu = [('user_annotation', 'Optimizer.step#AdamW.step', 3000, 1000, 1),
+def test_read_trace_names_the_cpu_code_that_ended_each_idle_stretch_and_what_the_host_did_in_it(tmp_path):
+    """The idle stretch is [1000, 3500] us. On the launching thread (1), the innermost range around all of it is
+    named (fsdp::chunk_cat, not the step range around that); then the ranges that began or ended in it and overlap
+    it by over 0.1 ms, longest overlap first; not thread 2's, not a 50 us call."""
+    cpu = [('user_annotation', 'Optimizer.step#AdamW.step', 3000, 1000, 1), ('cpu_op', 'fsdp::chunk_cat', 900, 2700, 1),
            ('cpu_op', 'aten::_fused_adamw_', 3300, 200, 1), ('cpu_op', 'aten::mm', 3000, 1000, 2),
-           ('cuda_runtime', 'cudaLaunchKernel', 3400, 10, 1)]
+           ('cuda_runtime', 'cudaLaunchKernel', 3400, 10, 1), ('cuda_runtime', 'cudaStreamSynchronize', 500, 900, 1),
+           ('cpu_op', 'aten::empty', 2100, 600, 1), ('cuda_runtime', 'cudaFree', 2800, 50, 1),
+           ('cuda_runtime', 'cudaMalloc', 1000, 2000, 2)]
     events = [{'ph': 'X', 'cat': 'user_annotation', 'name': 'ProfilerStep#0', 'ts': 0, 'dur': 9000, 'tid': 1}]
-    events += [{'ph': 'X', 'cat': cat, 'name': name, 'ts': ts, 'dur': dur, 'tid': tid, 'args': {'correlation': 7}}
-               for cat, name, ts, dur, tid in cpu]
+    events += [{'ph': 'X', 'cat': cat, 'name': name, 'ts': ts, 'dur': dur, 'tid': tid,
+                'args': {'correlation': 7 if name == 'cudaLaunchKernel' else 100 + i}}
+               for i, (cat, name, ts, dur, tid) in enumerate(cpu)]
     events += [{'ph': 'X', 'cat': 'kernel', 'name': 'norm', 'ts': 0, 'dur': 1000, 'args': {'correlation': 6}},
                {'ph': 'X', 'cat': 'kernel', 'name': 'adam', 'ts': 3500, 'dur': 100, 'args': {'correlation': 7}}]
     (tmp_path / 't.json').write_text(json.dumps({'traceEvents': events}))
     assert read_trace(str(tmp_path / 't.json')).gaps == [{
-        'ms': 2.5, 'after': 'norm', 'before': 'adam', 'launched_in': 'Optimizer.step#AdamW.step > aten::_fused_adamw_'}]
+        'ms': 2.5, 'after': 'norm', 'before': 'adam',
+        'launched_in': 'fsdp::chunk_cat > Optimizer.step#AdamW.step > aten::_fused_adamw_',
+        'host_work': 'all of it in fsdp::chunk_cat, aten::empty 0.60 ms, Optimizer.step#AdamW.step 0.50 ms, cudaStreamSynchronize 0.40 ms, '
+                     'aten::_fused_adamw_ 0.20 ms'}]
 
 
 def test_compare_traces_per_step(tmp_path):
