@@ -136,10 +136,11 @@ def host_work(events: list[dict], launch: dict | None, start: float, end: float,
         return ''
     thread = [e for e in events if e.get('cat') in HOST_EVENTS and e.get('tid') == launch.get('tid')
               and e['ts'] < end and e['ts'] + e['dur'] > start]
-    around = [e for e in thread if e['ts'] <= start and e['ts'] + e['dur'] >= end]
+    around, inside = [], []
+    for e in thread:
+        (around if e['ts'] <= start and e['ts'] + e['dur'] >= end else inside).append(e)
     parts = [f"all of it in {max(around, key=lambda e: (e['ts'], -e['dur']))['name']}"] if around else []
-    overlaps = [(min(end, e['ts'] + e['dur']) - max(start, e['ts']), e['name']) for e in thread
-                if not (e['ts'] <= start and e['ts'] + e['dur'] >= end)]
+    overlaps = [(min(end, e['ts'] + e['dur']) - max(start, e['ts']), e['name']) for e in inside]
     longest = sorted((o for o in overlaps if o[0] > 100), reverse=True)[:shown]
     return ', '.join(parts + [f'{name} {overlap / 1000:.2f} ms' for overlap, name in longest])
 
@@ -190,6 +191,7 @@ class ProfileSteps(Callback):
     def __init__(self, warmup: int, steps: int, python: bool = False):
         self.warmup, self.steps, self.seen, self.step_range = warmup, steps, 0, None
         self.allocator: dict[str, int] = {}
+        self.allocator_before: dict[str, int] = {}
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -197,7 +199,7 @@ class ProfileSteps(Callback):
 
     def batch_start(self, state: State, logger: Logger) -> None:
         if self.seen == self.warmup:
-            self.allocator = allocator_counts()
+            self.allocator_before = allocator_counts()
             self.profile.start()
         if self.seen >= self.warmup:
             self.step_range = torch.profiler.record_function(f'ProfilerStep#{self.seen}')
@@ -212,7 +214,7 @@ class ProfileSteps(Callback):
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.profile.stop()
-            self.allocator = {key: count - self.allocator.get(key, 0) for key, count in allocator_counts().items()}
+            self.allocator = {key: count - self.allocator_before[key] for key, count in allocator_counts().items()}
             state.stop_training()
 
 

@@ -97,7 +97,8 @@ def test_read_trace_names_the_cpu_code_that_ended_each_idle_stretch_and_what_the
     """The idle stretch is [1000, 3500] us. On the launching thread (1), the innermost range around all of it is
     named (fsdp::chunk_cat, not the step range around that); then the ranges that began or ended in it and overlap
     it by over 0.1 ms, longest overlap first; not thread 2's, not a 50 us call."""
-    cpu = [('user_annotation', 'Optimizer.step#AdamW.step', 3000, 1000, 1), ('cpu_op', 'fsdp::chunk_cat', 900, 2700, 1),
+    cpu = [('user_annotation', 'Optimizer.step#AdamW.step', 3000, 1000, 1),
+           ('cpu_op', 'fsdp::chunk_cat', 900, 2700, 1),
            ('cpu_op', 'aten::_fused_adamw_', 3300, 200, 1), ('cpu_op', 'aten::mm', 3000, 1000, 2),
            ('cuda_runtime', 'cudaLaunchKernel', 3400, 10, 1), ('cuda_runtime', 'cudaStreamSynchronize', 500, 900, 1),
            ('cpu_op', 'aten::empty', 2100, 600, 1), ('cuda_runtime', 'cudaFree', 2800, 50, 1),
@@ -112,8 +113,8 @@ def test_read_trace_names_the_cpu_code_that_ended_each_idle_stretch_and_what_the
     assert read_trace(str(tmp_path / 't.json')).gaps == [{
         'ms': 2.5, 'after': 'norm', 'before': 'adam',
         'launched_in': 'fsdp::chunk_cat > Optimizer.step#AdamW.step > aten::_fused_adamw_',
-        'host_work': 'all of it in fsdp::chunk_cat, aten::empty 0.60 ms, Optimizer.step#AdamW.step 0.50 ms, cudaStreamSynchronize 0.40 ms, '
-                     'aten::_fused_adamw_ 0.20 ms'}]
+        'host_work': 'all of it in fsdp::chunk_cat, aten::empty 0.60 ms, Optimizer.step#AdamW.step 0.50 ms, '
+                     'cudaStreamSynchronize 0.40 ms, aten::_fused_adamw_ 0.20 ms'}]
 
 
 def test_compare_traces_per_step(tmp_path):
