@@ -19,6 +19,9 @@
 #                                               micro-batches of 1, no AC: ours beside transformers'
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
+#   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
+#   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
+#                                               aside): 10 steps and a checkpoint, then 2 more steps autoresumed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -61,6 +64,35 @@ titan_profile() {  # flavor local-batch setting: torchtitan as .anchors/run.sh r
     --rdzv_backend c10d --rdzv_endpoint=localhost:0 -m torchtitan.train --job.config_file "anchor_$name.toml") \
     > "$OUT/tt_$name.log" 2>&1 || tail -20 "$OUT/tt_$name.log"
   cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2-$3.json"
+}
+
+long_data() {  # the shipped streams with 131,072-token windows of random Llama-3 ids: 32 per train, 8 per val stream
+  python3 -c "from tests.conftest import write_frontier_data_root as w; w('$1', 131072, 128256, lambda s: 32 if s < 6 else 8)"
+}
+
+long_run() {  # log-name overrides...: llama8b-131k.yaml on the GPUs present from scratch, one sequence a CP group
+  local data=/tmp/long/data
+  [ -d $data ] || long_data $data
+  local name=$1; shift
+  echo "===== composer train.py yamls/llama8b-131k.yaml variables.data_root=$data variables.init_from=null" \
+    "global_batch_size=$((GPUS / 2)) eval_subset_num_batches=1 $*"
+  local t0=$SECONDS
+  composer train.py yamls/llama8b-131k.yaml "variables.data_root=$data" variables.init_from=null \
+    "global_batch_size=$((GPUS / 2))" eval_subset_num_batches=1 "$@" > "$OUT/$name.log" 2>&1
+  echo "exit $?, $((SECONDS - t0))s wall"
+  grep -E "^run |^  |^batch |^eval |rror|Traceback" "$OUT/$name.log" | grep -v Warning | tail -30
+}
+
+long_8b() {  # 10 steps and a checkpoint, then the same command 2 steps further. One checkpoint is 96 GB (fp32
+  # weights and Adam state), two do not fit the disk: the first is removed once the resumed run trains batch 11.
+  local ckpt=/tmp/long/ckpt
+  [ "$(df --output=avail -B1G /dev/shm | tail -1)" -gt 110 ] && ckpt=/dev/shm/long-ckpt
+  df -h /tmp /dev/shm | tail -2
+  long_run long-8b "variables.checkpoint_root=$ckpt" max_duration=10ba
+  du -sh $ckpt/*/ep0-ba10
+  (until grep -q "^batch 11/" "$OUT/long-8b-resume.log" 2>/dev/null; do sleep 2; done; rm -rf $ckpt/*/ep0-ba10) &
+  long_run long-8b-resume "variables.checkpoint_root=$ckpt" max_duration=12ba
+  ls $ckpt/*; rm -rf $ckpt
 }
 
 AC=parallelism.fsdp.activation_checkpointing
@@ -114,5 +146,8 @@ case "${1:-}" in
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
+  long-smoke) long_run long-smoke variables.checkpoint_root=/tmp/long/smoke model.n_layers=2 max_duration=3ba
+    rm -rf /tmp/long/smoke ;;
+  long-8b) long_8b ;;
   *) sed -n 2,10p "$0"; exit 2 ;;
 esac

@@ -12,14 +12,15 @@ from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LanguageModel
-from llmfoundry_ext.parallelism import composer_parallelism, init_device, parallelize
+from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, init_device,
+                                       parallelize)
 from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.resumption import SealedCheckpointSaver
 from llmfoundry_ext.trainer import Trainer
 from llmfoundry_ext.weights import load_into, load_weights_folder
 
 
-def build_model(run: Run) -> tuple[LanguageModel, list]:
+def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tuple[LanguageModel, list]:
     """On ``meta`` (materialised shard by shard after FSDP2 wraps it) or on the CPU, initialised, and
     loaded from ``model.init_from`` but for the ``init_skip`` tensors, which keep their fresh init; float8,
     activation checkpointing and compile applied (``parallelism.parallelize``). Returns the model and the
@@ -28,7 +29,7 @@ def build_model(run: Run) -> tuple[LanguageModel, list]:
     device = init_device(config)
     with torch.device(device):
         transformer = config.model.family_entry().module(run.architecture, run.kernels)
-    callbacks = parallelize(transformer, config)
+    callbacks = parallelize(transformer, config, context_parallel)
     model = LanguageModel(transformer, compile_loss=config.model.compile)
     if model.routed:
         callbacks.append(ExpertLoad())
@@ -76,7 +77,8 @@ def build_collator(run: Run) -> Collator:
 def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None) -> Trainer:
     """Composer's Trainer for the run; ``model`` replaces the config's model (same data, optimizer, FSDP2)."""
     config = run.config
-    model, parallelism_callbacks = (model, []) if model is not None else build_model(run)
+    split_sequences = context_parallel(config, run.kernels.attn_impl)
+    model, parallelism_callbacks = (model, []) if model is not None else build_model(run, split_sequences)
     optimizer_name, optimizer_kwargs = registry.named_entries(config.optimizer, 'optimizer')
     optimizer = registry.build('optimizer', optimizer_name, optimizer_kwargs, model.parameters())
     schedulers = []
@@ -86,7 +88,8 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
     collator = build_collator(run)
     eval_dataloader = None
     if data.eval is not None:
-        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator, held_out=True)
+        eval_dataloader = build_dataloader(data.eval, config.device_batch_size, collator, held_out=True,
+                                           context_parallel=split_sequences)
     checkpoint = config.checkpoint
     savers = [SealedCheckpointSaver(
         folder=checkpoint.save_folder, remote_file_name=None, save_interval=checkpoint.save_interval,
@@ -95,7 +98,8 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         run_name=config.run_name,
         device=device,
         model=model,
-        train_dataloader=build_dataloader(data.train, config.device_batch_size, collator),
+        train_dataloader=build_dataloader(data.train, config.device_batch_size, collator,
+                                          context_parallel=split_sequences),
         eval_dataloader=eval_dataloader,
         eval_interval=config.eval_interval if eval_dataloader else 1,
         eval_subset_num_batches=config.eval_subset_num_batches,

@@ -115,6 +115,7 @@ class FSDPConfig:
 @dataclass
 class ParallelismConfig:
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)  # null: plain DDP
+    context_parallel_degree: int = 1  # > 1: each sequence split over this many consecutive GPUs (long context)
 
 
 @dataclass
@@ -153,8 +154,13 @@ class TrainConfig:
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
 
     @property
+    def data_parallel_size(self) -> int:
+        """The GPUs that read different samples: the ranks of a context-parallel group read the same."""
+        return world_size() // self.parallelism.context_parallel_degree
+
+    @property
     def device_batch_size(self) -> int:
-        return self.global_batch_size // world_size()
+        return self.global_batch_size // self.data_parallel_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -321,6 +327,7 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 def validate(config: TrainConfig) -> None:
     """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
     check_positive(config, ('global_batch_size', 'max_seq_len'))
+    check_context_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
     check_objective(config)
@@ -346,10 +353,13 @@ def check_positive(config, keys) -> None:
 
 
 def check_batch_split(config: TrainConfig) -> None:
-    ranks = world_size()
+    ranks = config.data_parallel_size
     if config.global_batch_size % ranks:
-        raise ConfigError(f'global_batch_size: {config.global_batch_size} is not divisible by the world size '
-                          f'{ranks}; use a multiple of {ranks}')
+        degree = config.parallelism.context_parallel_degree
+        what = (f'the world size {ranks}' if degree == 1 else
+                f'the data-parallel size {ranks} (world size {world_size()} / context_parallel_degree {degree})')
+        raise ConfigError(f'global_batch_size: {config.global_batch_size} is not divisible by {what}; use a multiple '
+                          f'of {ranks}')
     micro = config.device_microbatch_size
     if micro is None:
         return
@@ -422,6 +432,28 @@ def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:
     if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
         raise ConfigError(f'parallelism.fsdp.replicate_degree: {fsdp.replicate_degree} does not divide the world '
                           f'size {world_size()}')
+
+
+def check_context_parallel(config: TrainConfig) -> None:
+    """The degree splits the world into groups (within FSDP2's shard groups) and each sequence into its
+    load-balanced halves (head and tail chunks: 2 x degree of them)."""
+    degree = config.parallelism.context_parallel_degree
+    key = 'parallelism.context_parallel_degree'
+    if degree < 1:
+        raise ConfigError(f'{key}: must be >= 1, got {degree}')
+    if degree == 1:
+        return
+    if world_size() % degree:
+        raise ConfigError(f'{key}: {degree} does not divide the world size {world_size()}; use a divisor of it')
+    fsdp = config.parallelism.fsdp
+    if fsdp is None:
+        raise ConfigError(f'{key}: context parallelism runs under FSDP2; set parallelism.fsdp (not null)')
+    if (world_size() // fsdp.replicate_degree) % degree:
+        raise ConfigError(f'{key}: {degree} does not divide the {world_size() // fsdp.replicate_degree} GPUs of an '
+                          f'FSDP2 shard group (world size / parallelism.fsdp.replicate_degree)')
+    if config.max_seq_len % (2 * degree):
+        raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by 2 x {key} = {2 * degree} (each '
+                          f'rank takes a head and a tail chunk of every sequence)')
 
 
 CONSOLES = ('line', 'full')

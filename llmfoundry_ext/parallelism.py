@@ -1,11 +1,15 @@
 """How the model is spread over the devices: where it is built (``meta`` under FSDP2), float8 linears, activation
-checkpointing, per-block compile, and Composer's FSDP2 / HSDP over a (replicate, shard) mesh.
+checkpointing, per-block compile, Composer's FSDP2 / HSDP over a (replicate, shard) mesh, and context parallelism.
 
 Applied in torchtitan's order (``parallelize_llama``): float8 swaps the blocks' linears, activation checkpointing
 goes inside each chosen block, each block is compiled (checkpointing included), and Composer's FSDP2 then shards
 each block as its own unit. Checkpointing thus runs inside the FSDP2 unit: the recomputation sees the inputs
 FSDP2 already cast to bf16, as the forward did (Composer's own checkpoint wrapper sits outside the unit, where the
 recomputation got the uncast fp32 RoPE tables and stopped with a CheckpointError).
+
+Context parallelism (``ContextParallel``) splits each sequence over groups of consecutive ranks, innermost: FSDP2
+shards over all ranks of a shard group as ever (shard x context flattened), each group reads the same samples, and
+its ranks hold their load-balanced parts of every sequence.
 """
 from collections import defaultdict
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ from composer.utils import FSDP2Config, dist
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
+from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.config import TrainConfig, world_size
 from llmfoundry_ext.model.llama import Transformer
 
@@ -40,10 +45,13 @@ def init_device(config: TrainConfig) -> str:
     return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
-def parallelize(transformer: Transformer, config: TrainConfig) -> list[Callback]:
-    """Float8, activation checkpointing and compile on the blocks, before Composer shards them. Returns the
-    callbacks these need in training (float8's scale precompute for its fp8 all-gather)."""
+def parallelize(transformer: Transformer, config: TrainConfig,
+                context_parallel: 'ContextParallel | None' = None) -> list[Callback]:
+    """Context parallelism, float8, activation checkpointing and compile on the blocks, before Composer shards them.
+    Returns the callbacks these need in training (float8's scale precompute for its fp8 all-gather)."""
     callbacks = []
+    if context_parallel is not None:
+        context_parallel.apply(transformer)
     if config.model.float8:
         sharded = config.parallelism.fsdp is not None and world_size() > 1
         convert_to_float8(transformer, fp8_all_gather=sharded)
@@ -154,3 +162,87 @@ def composer_parallelism(config: TrainConfig):
     return {'fsdp': MeshFSDP2Config(
         replicate_degree=fsdp.replicate_degree, reshard_after_forward=fsdp.reshard_after_forward,
         activation_checkpointing=False, state_dict_type=fsdp.state_dict_type, mixed_precision=fsdp.mixed_precision)}
+
+
+class ContextParallel:
+    """Each sequence split over a group of ``degree`` consecutive ranks, with PyTorch's context parallelism
+    (``torch.distributed.tensor.experimental``, applied as torchtitan v0.2.2 does).
+
+    Every rank of a group is given the same samples (streaming's ``replication``); ``shard``, Composer's
+    micro-batch transform, keeps this rank's part of each sequence: a head and a tail chunk under causal SDPA
+    (balanced work for causal attention), flex's block-level balancing (PTRR) for document masks. Attention then runs
+    on the shards: ring SDPA passes keys and values around the group, flex all-gathers them.
+    """
+
+    def __init__(self, degree: int, backend: str, causal: bool):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.degree, self.backend, self.causal = degree, backend, causal
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        world = dist.get_world_size()
+        self.mesh = init_device_mesh(device, (world // degree, degree), mesh_dim_names=('data', 'context'))['context']
+
+    def apply(self, transformer: Transformer) -> None:
+        """Wrap every block's inner attention: SDPA through the CP dispatcher (ring attention), flex with keys and
+        values all-gathered."""
+        from torch.distributed.tensor.experimental._attention import (
+            _ContextParallel, _enable_context_parallel_dispatcher)
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        if self.backend == 'flex':
+            style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.FLEX)
+        else:
+            _enable_context_parallel_dispatcher()
+            style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
+        for block in transformer.layers:
+            parallelize_module(block.self_attn.inner_attention, self.mesh, style)
+        transformer.context_parallel = self
+
+    def shard(self, batch: dict) -> dict:
+        """The whole micro-batch -> this rank's part of it: ``input_ids``, ``labels`` and ``position_ids`` (RoPE
+        positions, per document where masked) along the sequence, the ``attention_mask`` for its queries over the
+        group's keys (flex; None for SDPA, which masks causally), and the ``loss_scale`` that makes its loss its
+        share of the group's token mean."""
+        from torch.distributed.tensor.experimental._attention import (
+            _context_parallel_shard, _HeadTailLoadBalancer, _PTRRLoadBalancer)
+
+        input_ids, labels = batch['input_ids'], batch['labels']
+        batch_size, seq_len = input_ids.shape
+        positions = batch.get('position_ids')
+        mask = None
+        if self.backend == 'flex':
+            mask = attention_mask('flex', positions, self.causal, batch_size, seq_len, input_ids.device)
+            balancer = _PTRRLoadBalancer(mask, self.degree)
+        else:
+            balancer = _HeadTailLoadBalancer(seq_len, self.degree, input_ids.device)
+        if positions is None:
+            positions = torch.arange(seq_len, device=input_ids.device).expand(batch_size, -1)
+        input_ids, labels, positions = _context_parallel_shard(
+            self.mesh, (input_ids, labels, positions), (1, 1, 1), balancer)
+        if mask is not None:
+            mask, = _context_parallel_shard(self.mesh, (mask,), (2,), balancer)
+        return {**batch, 'input_ids': input_ids, 'labels': labels, 'position_ids': positions,
+                'attention_mask': mask, 'loss_scale': self.loss_scale(labels)}
+
+    def loss_scale(self, labels: torch.Tensor) -> torch.Tensor:
+        """degree x this rank's labelled tokens / the group's. A rank's token-mean loss times this, averaged over the
+        group (as Composer logs it, and as FSDP2 averages gradients over all ranks), is the mean over every labelled
+        token of the group's sequences, however unevenly the -100 labels fall."""
+        local = (labels != -100).sum().float()
+        group = local.clone()
+        torch.distributed.all_reduce(group, group=self.mesh.get_group())
+        return local * self.degree / group
+
+    def samples(self, batch: dict) -> float:
+        """This rank's share of the batch's samples (Composer sums them over ranks: each sample counted once)."""
+        return batch['input_ids'].shape[0] / self.degree
+
+    def tokens(self, batch: dict) -> int:
+        """This rank's share of the batch's tokens, for Composer's token counts and tokens/s."""
+        return batch['input_ids'].numel() // self.degree
+
+
+def context_parallel(config: TrainConfig, backend: str) -> ContextParallel | None:
+    """The run's ContextParallel (after the process group exists), or None at degree 1."""
+    degree = config.parallelism.context_parallel_degree
+    return ContextParallel(degree, backend, config.model.causal) if degree > 1 else None

@@ -16,7 +16,7 @@ from llmfoundry_ext.cli import unwritable_reason
 from llmfoundry_ext.config import LoaderConfig, ModelConfig, TrainConfig, first_line, global_rank, load
 from llmfoundry_ext.data.mds import file_sha256, read_manifest
 from llmfoundry_ext.errors import CheckpointError, ConfigError
-from llmfoundry_ext.model.attention import choose_backend, has_module, missing_reason
+from llmfoundry_ext.model.attention import CONTEXT_PARALLEL_BACKENDS, choose_backend, has_module, missing_reason
 from llmfoundry_ext.model.fused import fused_kernels_problem
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import weight_fields
@@ -79,8 +79,37 @@ def resolve_kernels(config: TrainConfig) -> KernelConfig:
     for key, problem in problems.items():
         if problem:
             raise ConfigError(f'{key}: {problem}')
-    backend = choose_backend(model.attn_impl, config.data.document_masking, on_gpu)
+    context_parallel = config.parallelism.context_parallel_degree > 1
+    backend = choose_backend(model.attn_impl, config.data.document_masking, on_gpu, context_parallel)
+    if context_parallel:
+        check_context_parallel_kernels(config, backend, on_gpu)
     return KernelConfig(attn_impl=backend, sdpa_kernel=model.sdpa_kernel, fused_kernels=model.fused_kernels)
+
+
+def check_context_parallel_kernels(config: TrainConfig, backend: str, on_gpu: bool) -> None:
+    """PyTorch's context parallelism runs ring SDPA (its flash, efficient and cuDNN kernels: causal or full
+    attention) and flex over all-gathered keys and values (any mask, documents included), on GPUs."""
+    key = 'parallelism.context_parallel_degree'
+    degree = config.parallelism.context_parallel_degree
+    if not on_gpu:
+        raise ConfigError(f'{key}: context parallelism needs GPUs (ring attention runs CUDA kernels) and none is '
+                          f'visible; set {key}=1')
+    if backend not in CONTEXT_PARALLEL_BACKENDS:
+        raise ConfigError(f"model.attn_impl: '{backend}' cannot run under context parallelism (PyTorch's covers "
+                          f"sdpa and flex); set model.attn_impl=auto")
+    if backend == 'sdpa' and config.data.document_masking:
+        raise ConfigError('model.attn_impl: sdpa under context parallelism masks only causally, not by document; '
+                          'set model.attn_impl=auto (flex) or data.document_masking=false')
+    if backend == 'sdpa' and config.model.sdpa_kernel == 'math':
+        raise ConfigError("model.sdpa_kernel: 'math' has no ring attention under context parallelism; set "
+                          "model.sdpa_kernel=auto")
+    block = FLEX_BLOCK * degree
+    if backend == 'flex' and config.max_seq_len % block:
+        raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by {block} ({FLEX_BLOCK}-token '
+                          f'flex blocks x {key} {degree}), which flex under context parallelism needs')
+
+
+FLEX_BLOCK = 128  # flex attention's block size: its context-parallel masks need whole blocks per rank
 
 
 def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:

@@ -124,7 +124,8 @@ def start_summary(run: Run, trainer) -> str:
         f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
         f'  world size {world_size()}, precision {config.precision}, attention {run.kernels.attn_impl}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
-        f'{parallel_layout(trainer)}, {describe_checkpointing(config)}, compiled blocks {model.compile}, '
+        f'{parallel_layout(trainer)}{context_parallel_layout(config)}, {describe_checkpointing(config)}, '
+        f'compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
@@ -144,6 +145,12 @@ def parallel_layout(trainer) -> str:
     if mesh.ndim == 2:
         return f'HSDP {mesh.size(0)} replicas x {mesh.size(1)} shards'
     return f'FSDP2 over {mesh.size()} ranks'
+
+
+def context_parallel_layout(config: TrainConfig) -> str:
+    """', each sequence split over 2 GPUs (context parallel)', or nothing."""
+    degree = config.parallelism.context_parallel_degree
+    return f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else ''
 
 
 def end_summary(config: TrainConfig, trainer) -> str:

@@ -105,3 +105,33 @@ def test_train_script_prints_one_line_and_no_traceback(tiny_config, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr == "config error: model.n_layer: unknown key; did you mean 'n_layers'?\n"
+
+
+@pytest.mark.parametrize('world, overrides, message', [
+    ('4', ['parallelism.context_parallel_degree=3'],
+     'parallelism.context_parallel_degree: 3 does not divide the world size 4; use a divisor of it'),
+    ('4', ['parallelism.context_parallel_degree=0'], 'parallelism.context_parallel_degree: must be >= 1, got 0'),
+    ('4', ['parallelism.context_parallel_degree=2', 'global_batch_size=3'],
+     'global_batch_size: 3 is not divisible by the data-parallel size 2 (world size 4 / context_parallel_degree 2); '
+     'use a multiple of 2'),
+    ('4', ['parallelism.context_parallel_degree=4', 'max_seq_len=36'],
+     'max_seq_len: 36 is not divisible by 2 x parallelism.context_parallel_degree = 8 (each rank takes a head and a '
+     'tail chunk of every sequence)'),
+    ('4', ['parallelism.context_parallel_degree=2', 'parallelism.fsdp=null'],
+     'parallelism.context_parallel_degree: context parallelism runs under FSDP2; set parallelism.fsdp (not null)'),
+    ('4', ['parallelism.context_parallel_degree=4', 'parallelism.fsdp.replicate_degree=2'],
+     'parallelism.context_parallel_degree: 4 does not divide the 2 GPUs of an FSDP2 shard group (world size / '
+     'parallelism.fsdp.replicate_degree)'),
+], ids=['degree-divides-world', 'degree-positive', 'batch-per-group', 'sequence-chunks', 'needs-fsdp',
+        'within-shard-group'])
+def test_bad_context_parallel_degree(tiny_config, tmp_path, monkeypatch, world, overrides, message):
+    monkeypatch.setenv('WORLD_SIZE', world)
+    with pytest.raises(ConfigError) as caught:
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'), overrides)
+    assert str(caught.value) == message
+
+
+def test_context_parallel_groups_read_the_batch_together(tiny_config, tmp_path, monkeypatch):
+    monkeypatch.setenv('WORLD_SIZE', '8')
+    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['parallelism.context_parallel_degree=4'])
+    assert (config.data_parallel_size, config.device_batch_size, config.tokens_per_step) == (2, 4, 8 * 32)

@@ -1,6 +1,10 @@
 """Activation checkpointing inside the blocks: which blocks, what each mode recomputes, the same loss and gradients
 as without it (eager and compiled), and the FSDP2 bf16 input cast that broke Composer's wrapper (CPU)."""
 import contextlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +15,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import write_yaml
+from tests.conftest import REPO, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -139,3 +143,22 @@ def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path):
     from llmfoundry_ext.parallelism import composer_parallelism
     config = run_config(tiny_config, tmp_path, 'full')
     assert composer_parallelism(config)['fsdp'].activation_checkpointing is False
+
+
+def test_context_parallel_forward_equals_the_whole_sequence_on_the_cpu(tmp_path):
+    """Two gloo processes, flex with packed documents (the CPU runs flex's forward, not its backward): the loss of the
+    sequence split over both, each rank's token mean scaled by its share of the labels, equals the whole sequence's
+    (the first 128 labels of row 0 are -100, so the ranks' label counts differ)."""
+    result = run_context_parallel_worker(tmp_path, '--device', 'cpu', '--backend', 'flex', '--seq', '1024',
+                                         '--documents', '--forward-only')
+    assert abs(result['loss'] - result['expected_loss']) < 1e-5, result
+
+
+def run_context_parallel_worker(tmp_path, *args) -> dict:
+    out = tmp_path / 'context_parallel.json'
+    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--rdzv_backend', 'c10d',
+               '--rdzv_endpoint', 'localhost:0', 'tests/context_parallel_worker.py', str(out), *args]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads(out.read_text())

@@ -39,6 +39,15 @@ def mixtral_data_root(tmp_path_factory) -> str:
     return str(root)
 
 
+@pytest.fixture(scope='module')
+def long_data_root(tmp_path_factory) -> str:
+    """The same streams with 131,072-token windows: 32 per train stream (twice the YAML's canonical nodes), 8 per
+    val stream."""
+    root = tmp_path_factory.mktemp('lustre-131k')
+    write_frontier_data_root(root, window=131072, vocab=LLAMA3_VOCAB, windows=lambda stream: 32 if stream < 6 else 8)
+    return str(root)
+
+
 def gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -48,6 +57,8 @@ def fitting_layers(yaml_name: str) -> list[str]:
     of the 70B (their fp32 weights and Adam state alone: 8B 128 GB, Mixtral 747 GB, 70B 1.1 TB)."""
     if yaml_name == 'llama8b.yaml':
         return ['model.n_layers=4']
+    if yaml_name == 'llama8b-131k.yaml':  # and from scratch: no Llama-3.1-8B on the GPU machines
+        return ['model.n_layers=4', 'variables.init_from=null']
     if yaml_name == 'mixtral8x7b.yaml':
         return ['model.n_layers=2']
     if yaml_name == 'llama70b.yaml':
@@ -56,7 +67,8 @@ def fitting_layers(yaml_name: str) -> list[str]:
 
 
 def train(yaml_name: str, data_root: str, checkpoints: str) -> subprocess.CompletedProcess:
-    per_gpu = 8 if '1b' in yaml_name else 2  # two micro-batches of the YAML's (4 or 1): gradient accumulation
+    # two micro-batches of the YAML's (4 or 1): gradient accumulation; 131k: two sequences a context-parallel group
+    per_gpu = 8 if '1b' in yaml_name else 1 if '131k' in yaml_name else 2
     command = [COMPOSER, '-n', str(gpus()), 'train.py', f'yamls/{yaml_name}', f'variables.data_root={data_root}',
                f'variables.checkpoint_root={checkpoints}', f'global_batch_size={per_gpu * gpus()}',
                f'max_duration={STEPS}ba', f'checkpoint.save_interval={STEPS}ba', 'log_interval=1ba',
@@ -68,10 +80,13 @@ def train(yaml_name: str, data_root: str, checkpoints: str) -> subprocess.Comple
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize('yaml_name', ['llama1b.yaml', 'mlm1b.yaml', 'llama8b.yaml', 'llama70b.yaml',
-                                       'mixtral8x7b.yaml'])
+                                       'mixtral8x7b.yaml', 'llama8b-131k.yaml'])
 def test_shipped_yaml_trains_on_the_gpus_and_checkpoints(yaml_name, request, tmp_path):
     mixtral = yaml_name.startswith('mixtral')
-    data_root = request.getfixturevalue('mixtral_data_root' if mixtral else 'data_root')
+    if '131k' in yaml_name and gpus() < 2:
+        pytest.skip('context parallel 2 needs 2 GPUs')
+    fixture = 'mixtral_data_root' if mixtral else 'long_data_root' if '131k' in yaml_name else 'data_root'
+    data_root = request.getfixturevalue(fixture)
     vocab = MIXTRAL_VOCAB if mixtral else LLAMA3_VOCAB
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests in this process cached, the training process needs

@@ -3,6 +3,8 @@
 The StreamingDataLoader's position is saved in every Composer checkpoint and restored on autoresume,
 so the sample order after a restart equals the uninterrupted run's.
 """
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from composer.core import DataSpec
@@ -11,6 +13,9 @@ from streaming import Stream, StreamingDataLoader, StreamingDataset
 from llmfoundry_ext.config import LoaderConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.mds import TOKENS
+
+if TYPE_CHECKING:
+    from llmfoundry_ext.parallelism import ContextParallel
 
 
 class TokenWindows(StreamingDataset):
@@ -32,23 +37,39 @@ class HeldOutWindows(TokenWindows):
         return super().__iter__()
 
 
-def build_dataset(loader: LoaderConfig, device_batch_size: int, held_out: bool = False) -> TokenWindows:
+def build_dataset(loader: LoaderConfig, device_batch_size: int, held_out: bool = False,
+                  replication: int = 1) -> TokenWindows:
+    """``replication``: so many consecutive ranks read the same samples (a context-parallel group)."""
     streams = [Stream(local=s.local, remote=s.remote, proportion=s.proportion, repeat=s.repeat, choose=s.choose)
                for s in loader.streams.values()]
     windows = HeldOutWindows if held_out else TokenWindows
     return windows(streams=streams, batch_size=device_batch_size, shuffle=loader.shuffle,
                    shuffle_seed=loader.shuffle_seed, shuffle_algo=loader.shuffle_algo,
-                   num_canonical_nodes=loader.num_canonical_nodes, epoch_size=loader.epoch_size)
+                   num_canonical_nodes=loader.num_canonical_nodes, epoch_size=loader.epoch_size,
+                   replication=replication if replication > 1 else None)
 
 
-def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Collator,
-                     held_out: bool = False) -> DataSpec:
+def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Collator, held_out: bool = False,
+                     context_parallel: 'ContextParallel | None' = None) -> DataSpec:
     """A DataSpec whose token count per batch feeds Composer's token-based durations and SpeedMonitor;
-    ``held_out``: the evaluation set, the same samples at every evaluation."""
-    dataset = build_dataset(loader, device_batch_size, held_out)
+    ``held_out``: the evaluation set, the same samples at every evaluation. Under ``context_parallel`` each group
+    reads the same samples, every micro-batch is cut to the rank's shard on the GPU, and each rank counts its share
+    of the samples and tokens."""
+    if context_parallel is not None:
+        return DataSpec(build_loader(loader, device_batch_size, collator, held_out, context_parallel.degree),
+                        microbatch_transforms=context_parallel.shard,
+                        get_num_samples_in_batch=context_parallel.samples,
+                        get_num_tokens_in_batch=context_parallel.tokens)
+    return DataSpec(build_loader(loader, device_batch_size, collator, held_out),
+                    get_num_tokens_in_batch=lambda batch: batch['input_ids'].numel())
+
+
+def build_loader(loader: LoaderConfig, device_batch_size: int, collator: Collator, held_out: bool,
+                 replication: int = 1) -> StreamingDataLoader:
+    dataset = build_dataset(loader, device_batch_size, held_out, replication)
     dataloader = StreamingDataLoader(
         dataset, batch_size=device_batch_size, num_workers=loader.num_workers, drop_last=loader.drop_last,
         prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
         persistent_workers=loader.num_workers > 0, collate_fn=collator,
         pin_memory=torch.cuda.is_available())  # from pageable memory each copy to the GPU would wait for the GPU
-    return DataSpec(dataloader, get_num_tokens_in_batch=lambda batch: batch['input_ids'].numel())
+    return dataloader

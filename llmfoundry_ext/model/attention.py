@@ -50,19 +50,23 @@ def check_backend(backend: str) -> None:
         raise BackendUnavailableError(reason)
 
 
-def choose_backend(impl: str, document_masking: bool, on_gpu: bool) -> str:
+CONTEXT_PARALLEL_BACKENDS = ('sdpa', 'flex')  # those PyTorch's context parallelism runs: ring SDPA, flex on all K/V
+
+
+def choose_backend(impl: str, document_masking: bool, on_gpu: bool, context_parallel: bool = False) -> str:
     """The backend ``impl`` runs as: ``auto`` picks the fastest one here that supports the masking.
 
     Unmasked: sdpa (PyTorch picks cuDNN on H100: 518 TFLOP/s causal fwd+bwd against FA-2's 285). Masked on a GPU:
     varlen (FA-2 over documents: no FLOPs across them), else flex, else the flash-attn package, else sdpa with
-    an explicit mask (correct, slow). On the CPU: sdpa.
+    an explicit mask (correct, slow); under context parallelism flex. On the CPU: sdpa.
     """
     if impl != 'auto':
         check_backend(impl)
         return impl
     if not (document_masking and on_gpu):
         return 'sdpa'
-    return next((backend for backend in ('varlen', 'flex', 'flash') if missing_reason(backend) is None), 'sdpa')
+    masking = ('flex',) if context_parallel else ('varlen', 'flex', 'flash')
+    return next((backend for backend in masking if missing_reason(backend) is None), 'sdpa')
 
 
 class Documents(NamedTuple):

@@ -11,6 +11,9 @@ from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.model.mixtral import MixtralConfig, load_balancing_loss
 
 
+METRIC_TOKENS = 8192  # fp32 log-softmax of 8,192 x 128,256 logits: 4 GiB
+
+
 class LanguageModel(ComposerModel):
     """Batches {'input_ids' [B, S], 'labels' [B, S] with -100 = ignore} -> logits and a token-mean loss.
 
@@ -36,11 +39,13 @@ class LanguageModel(ComposerModel):
     def forward(self, batch: dict):
         """The loss (fused) or logits [B, S, vocab]; routed: with the router statistics [layers, 2, E]."""
         labels = batch['labels'] if self.fused_loss else None
-        return self.model(batch['input_ids'], batch.get('position_ids'), labels)
+        return self.model(batch['input_ids'], batch.get('position_ids'), labels, batch.get('attention_mask'))
 
     def loss(self, outputs, batch: dict) -> torch.Tensor | dict:
         main, statistics = outputs if self.routed else (outputs, None)
         loss = main if self.fused_loss else self.cross_entropy(main, batch['labels'])
+        if 'loss_scale' in batch:  # a context-parallel shard: its share of the group's mean (ContextParallel.shard)
+            loss = loss * batch['loss_scale']
         if statistics is None:
             return loss
         router_aux = load_balancing_loss(statistics, batch['input_ids'].numel())
@@ -50,7 +55,7 @@ class LanguageModel(ComposerModel):
     def eval_forward(self, batch: dict, outputs=None) -> torch.Tensor:
         """Logits: the training forward's, or (fused loss, or none given) a forward of their own."""
         if outputs is None or self.fused_loss:
-            outputs = self.model(batch['input_ids'], batch.get('position_ids'))
+            outputs = self.model(batch['input_ids'], batch.get('position_ids'), None, batch.get('attention_mask'))
         return outputs[0] if self.routed else outputs
 
     def get_metrics(self, is_train: bool = False) -> dict:
@@ -59,14 +64,17 @@ class LanguageModel(ComposerModel):
         return {} if is_train else self.eval_metrics
 
     def update_metric(self, batch: dict, outputs: torch.Tensor, metric) -> None:
-        """One sequence at a time: the metrics' fp32 log-softmax of a whole batch of logits (4 x 8,192 x 128,256:
-        31 GiB) ran out of memory on an H100 at the shipped YAMLs' first evaluation."""
+        """At most ``METRIC_TOKENS`` tokens at a time: the metrics' fp32 log-softmax of a whole batch of logits
+        (4 x 8,192 x 128,256: 31 GiB) ran out of memory on an H100 at the shipped YAMLs' first evaluation."""
         for logits, labels in zip(outputs.split(1), batch['labels'].split(1)):
-            metric.update(logits, labels)
+            for logits_part, labels_part in zip(logits.split(METRIC_TOKENS, 1), labels.split(METRIC_TOKENS, 1)):
+                metric.update(logits_part, labels_part)
 
     def flops_per_batch(self, batch: dict) -> int:
-        """Training FLOPs of one batch (SpeedMonitor turns this into MFU)."""
-        return batch_flops(self.config, batch)
+        """Training FLOPs of this rank's share of the batch (SpeedMonitor sums the ranks' and turns it into MFU):
+        under context parallelism every rank of a group is given the group's whole batch and computes 1/degree."""
+        context_parallel = self.model.context_parallel
+        return batch_flops(self.config, batch) // (context_parallel.degree if context_parallel else 1)
 
 
 def token_mean_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -141,6 +141,15 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
+class InnerAttention(nn.Module):
+    """``attend`` as a module of its own (no parameters), so context parallelism can wrap it: PyTorch's
+    ``_ContextParallel`` style turns q, k, v into sequence-sharded DTensors for ring SDPA, or all-gathers k, v for
+    flex (``parallelism.ContextParallel``)."""
+
+    def forward(self, q, k, v, causal: bool, backend: str, mask, sdpa_kernel: str) -> torch.Tensor:
+        return attend(q, k, v, causal, backend, mask, sdpa_kernel)
+
+
 class Attention(nn.Module):
     def __init__(self, config: LlamaConfig, kernels: KernelConfig):
         super().__init__()
@@ -151,6 +160,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
         self.o_proj.init_std = residual_init_std(config)
+        self.inner_attention = InnerAttention()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
         """``backend`` and ``mask`` come from ``Transformer.attention_backend`` / ``attention_mask``."""
@@ -163,7 +173,7 @@ class Attention(nn.Module):
             q, k = fused.rope(q, k, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = attend(q, k, v, config.causal, backend, mask, self.kernels.sdpa_kernel)
+        out = self.inner_attention(q, k, v, config.causal, backend, mask, self.kernels.sdpa_kernel)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
 
@@ -229,6 +239,7 @@ class OutputLayer(nn.Linear):
 class Transformer(nn.Module):
     """Token ids [B, S] -> logits [B, S, vocab], run with the given kernels."""
     block_class = TransformerBlock
+    context_parallel = None  # parallelism.ContextParallel once applied: inputs come as its shards
 
     def __init__(self, config: LlamaConfig, kernels: KernelConfig = KernelConfig()):
         super().__init__()
@@ -244,24 +255,31 @@ class Transformer(nn.Module):
         self.register_buffer('inv_freq', rope_inverse_frequencies(config), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, S, vocab]; or, given ``labels`` (with the fused cross_entropy kernel), the mean loss."""
-        return self.lm_head(self.hidden_states(input_ids, position_ids), labels)
+                labels: torch.Tensor | None = None, attention_mask=None) -> torch.Tensor:
+        """Logits [B, S, vocab]; or, given ``labels`` (with the fused cross_entropy kernel), the mean loss.
+        ``attention_mask``: only under context parallelism, the shard's part of the mask (``layer_inputs``)."""
+        return self.lm_head(self.hidden_states(input_ids, position_ids, attention_mask), labels)
 
-    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                      attention_mask=None) -> torch.Tensor:
         """Final-norm hidden states [B, S, dim]."""
-        x, *context = self.layer_inputs(input_ids, position_ids)
+        x, *context = self.layer_inputs(input_ids, position_ids, attention_mask)
         for layer in self.layers:
             x = layer(x, *context)
         return self.norm(x)
 
-    def layer_inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None) -> tuple:
+    def layer_inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, shard_mask=None) -> tuple:
         """(embeddings, cos, sin, backend, mask): what every block takes.
 
-        Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document.
+        Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document. Under
+        context parallelism the inputs are one rank's shard (``ContextParallel.shard``): ``position_ids`` are then
+        its tokens' RoPE positions and ``shard_mask`` its part of the mask, both made from the whole sequence.
         """
-        backend = self.attention_backend(position_ids is not None, input_ids.is_cuda)
-        mask = attention_mask(backend, position_ids, self.config.causal, *input_ids.shape, input_ids.device)
+        if self.context_parallel is None:
+            backend = self.attention_backend(position_ids is not None, input_ids.is_cuda)
+            mask = attention_mask(backend, position_ids, self.config.causal, *input_ids.shape, input_ids.device)
+        else:
+            backend, mask = self.context_parallel.backend, shard_mask
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         cos, sin = self.rope_tables(position_ids)

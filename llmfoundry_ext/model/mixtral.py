@@ -113,8 +113,8 @@ class Mixtral(Transformer):
     block_class = MixtralBlock
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        x, *context = self.layer_inputs(input_ids, position_ids)
+                labels: torch.Tensor | None = None, attention_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, *context = self.layer_inputs(input_ids, position_ids, attention_mask)
         statistics = []
         for layer in self.layers:
             x, layer_statistics = layer(x, *context)
