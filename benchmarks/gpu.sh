@@ -21,7 +21,7 @@
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
-#                                               aside): 10 steps and a checkpoint, then 2 more steps autoresumed
+#                                               aside): 10 steps and a checkpoint, then one more step autoresumed
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -83,15 +83,16 @@ long_run() {  # log-name overrides...: llama8b-131k.yaml on the GPUs present fro
   grep -E "^run |^  |^batch |^eval |rror|Traceback" "$OUT/$name.log" | grep -v Warning | tail -30
 }
 
-long_8b() {  # 10 steps and a checkpoint, then the same command 2 steps further. One checkpoint is 96 GB (fp32
-  # weights and Adam state), two do not fit the disk: the first is removed once the resumed run trains batch 11.
+long_8b() {  # 10 steps and a checkpoint, then the same command a step further. One checkpoint is 96 GB (fp32
+  # weights and Adam state), two do not fit the disk: the first is removed once the resumed run has loaded it.
   local ckpt=/tmp/long/ckpt
   [ "$(df --output=avail -B1G /dev/shm | tail -1)" -gt 110 ] && ckpt=/dev/shm/long-ckpt
   df -h /tmp /dev/shm | tail -2
   long_run long-8b "variables.checkpoint_root=$ckpt" max_duration=10ba
   du -sh $ckpt/*/ep0-ba10
-  (until grep -q "^batch 11/" "$OUT/long-8b-resume.log" 2>/dev/null; do sleep 2; done; rm -rf $ckpt/*/ep0-ba10) &
-  long_run long-8b-resume "variables.checkpoint_root=$ckpt" max_duration=12ba
+  (until grep -q "resuming from the latest checkpoint" "$OUT/long-8b-resume.log" 2>/dev/null; do sleep 1; done
+   rm -rf $ckpt/*/ep0-ba10) &
+  long_run long-8b-resume "variables.checkpoint_root=$ckpt" max_duration=11ba
   ls $ckpt/*; rm -rf $ckpt
 }
 

@@ -103,6 +103,9 @@ def check_context_parallel_kernels(config: TrainConfig, backend: str, on_gpu: bo
     if backend == 'sdpa' and config.model.sdpa_kernel == 'math':
         raise ConfigError("model.sdpa_kernel: 'math' has no ring attention under context parallelism; set "
                           "model.sdpa_kernel=auto")
+    if backend == 'sdpa' and config.precision == 'fp32':
+        raise ConfigError('precision: fp32 runs SDPA on its math kernel, which has no ring attention under context '
+                          'parallelism; use precision=amp_bf16, or model.attn_impl=flex')
     block = FLEX_BLOCK * degree
     if backend == 'flex' and config.max_seq_len % block:
         raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by {block} ({FLEX_BLOCK}-token '

@@ -58,22 +58,24 @@ def test_checkpointing_modes_match_the_model_without_checkpointing(one_process_g
 
 
 CONTEXT_PARALLEL_SEQUENCE = 16384
-# |loss - whole| absolute (loss about 7.0) and the gradients' overall relative difference: fp32 (the efficient SDPA
-# kernel, flex) differs only in summation order; bf16 (cuDNN / flash, compiled blocks, as training runs) by rounding.
-CONTEXT_PARALLEL_TOLERANCES = {False: (1e-4, 1e-4), True: (5e-3, 2e-2)}
+# |loss - whole| absolute (loss about 7.1) and the gradients' overall relative difference. fp32 flex differs only in
+# summation order (2x H200: 5e-7 and 7.6e-7); bf16 (cuDNN / flash SDPA in the ring, or flex, eager or compiled
+# blocks, as training runs) by rounding (2x H200: 5e-6 and 2.5e-3 each).
+CONTEXT_PARALLEL_TOLERANCES = {False: (1e-4, 1e-4), True: (5e-3, 1e-2)}
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs 2 GPUs')
-@pytest.mark.parametrize('backend, documents, bf16', [
-    ('sdpa', False, False), ('flex', True, False), ('sdpa', False, True), ('flex', True, True)],
-    ids=['causal-sdpa-fp32', 'documents-flex-fp32', 'causal-sdpa-bf16-compiled', 'documents-flex-bf16-compiled'])
+@pytest.mark.parametrize('backend, documents, bf16, compile_blocks', [
+    ('flex', True, False, False), ('sdpa', False, True, False), ('sdpa', False, True, True),
+    ('flex', True, True, True)],
+    ids=['documents-flex-fp32', 'causal-sdpa-bf16', 'causal-sdpa-bf16-compiled', 'documents-flex-bf16-compiled'])
 def test_context_parallel_2_gives_the_losses_and_gradients_of_the_whole_sequence(tmp_path, backend, documents,
-                                                                                  bf16):
+                                                                                  bf16, compile_blocks):
     args = ['--backend', backend, '--seq', str(CONTEXT_PARALLEL_SEQUENCE)]
-    args += (['--documents'] if documents else []) + (['--bf16', '--compile'] if bf16 else [])
+    args += ['--documents'] * documents + ['--bf16'] * bf16 + ['--compile'] * compile_blocks
     result = run_context_parallel_worker(tmp_path, *args)
-    print(f'context parallel 2, {backend}, documents {documents}, bf16 {bf16}: {result}')
+    print(f'context parallel 2, {backend}, documents {documents}, bf16 {bf16}, compiled {compile_blocks}: {result}')
     loss_tolerance, gradient_tolerance = CONTEXT_PARALLEL_TOLERANCES[bf16]
     assert abs(result['loss'] - result['expected_loss']) < loss_tolerance
     assert result['gradient_difference'] < gradient_tolerance

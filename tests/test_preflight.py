@@ -9,8 +9,9 @@ import torch
 
 from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import ConfigError
-from llmfoundry_ext.model.attention import has_module
-from llmfoundry_ext.preflight import prepare
+from llmfoundry_ext.config import load
+from llmfoundry_ext.model.attention import choose_backend, has_module
+from llmfoundry_ext.preflight import check_context_parallel_kernels, prepare
 from tests.conftest import change, changes, config_error, write_yaml
 
 BAD_ENVIRONMENTS = [
@@ -104,3 +105,35 @@ def test_shards_from_another_tokenizer(tiny_config, tmp_path, tokenizer_folder):
         f'data.train.streams.a: its shards were tokenized with another tokenizer than data.tokenizer '
         f'{tokenizer_folder} (sha256 f00df00df00d vs {digest[:12]}); point data.tokenizer at the one named in '
         f'{stream}/manifest.json or re-convert')
+
+
+@pytest.mark.parametrize('overrides, backend, on_gpu, message', [
+    ([], 'sdpa', False, 'parallelism.context_parallel_degree: context parallelism needs GPUs (ring attention runs '
+                        'CUDA kernels) and none is visible; set parallelism.context_parallel_degree=1'),
+    (['precision=amp_bf16'], 'varlen', True, "model.attn_impl: 'varlen' cannot run under context parallelism "
+                                             "(PyTorch's covers sdpa and flex); set model.attn_impl=auto"),
+    (['precision=amp_bf16', 'data.document_masking=true'], 'sdpa', True,
+     'model.attn_impl: sdpa under context parallelism masks only causally, not by document; set model.attn_impl=auto '
+     '(flex) or data.document_masking=false'),
+    (['precision=amp_bf16', 'model.sdpa_kernel=math'], 'sdpa', True,
+     "model.sdpa_kernel: 'math' has no ring attention under context parallelism; set model.sdpa_kernel=auto"),
+    ([], 'sdpa', True, 'precision: fp32 runs SDPA on its math kernel, which has no ring attention under context '
+                       'parallelism; use precision=amp_bf16, or model.attn_impl=flex'),
+    (['precision=amp_bf16'], 'flex', True, 'max_seq_len: 32 is not divisible by 256 (128-token flex blocks x '
+                                           'parallelism.context_parallel_degree 2), which flex under context '
+                                           'parallelism needs'),
+], ids=['needs-gpus', 'varlen', 'sdpa-documents', 'math-kernel', 'fp32-sdpa', 'flex-blocks'])
+def test_context_parallel_kernels_are_checked(tiny_config, tmp_path, monkeypatch, overrides, backend, on_gpu,
+                                              message):
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['parallelism.context_parallel_degree=2',
+                                                                   *overrides])
+    with pytest.raises(ConfigError) as caught:
+        check_context_parallel_kernels(config, backend, on_gpu)
+    assert str(caught.value) == message
+
+
+def test_context_parallel_auto_attention_is_sdpa_or_flex():
+    assert choose_backend('auto', document_masking=False, on_gpu=True, context_parallel=True) == 'sdpa'
+    expected = 'flex' if has_module('torch.nn.attention.flex_attention') else 'sdpa'
+    assert choose_backend('auto', document_masking=True, on_gpu=True, context_parallel=True) == expected
