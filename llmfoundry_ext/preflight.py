@@ -4,6 +4,7 @@ architecture and kernels), into the ``Run`` that ``build`` turns into a Trainer.
 
 Each problem is a ``ConfigError``: one line naming the key and the fix.
 """
+import importlib
 import json
 import os
 from dataclasses import dataclass
@@ -94,6 +95,9 @@ def check_context_parallel_kernels(config: TrainConfig, backend: str, on_gpu: bo
     if not on_gpu:
         raise ConfigError(f'{key}: context parallelism needs GPUs (ring attention runs CUDA kernels) and none is '
                           f'visible; set {key}=1')
+    if not has_context_parallelism():
+        raise ConfigError(f"{key}: needs PyTorch's context parallelism with load balancers (torch 2.10 or later; this "
+                          f"is {torch.__version__}): upgrade torch, or set {key}=1")
     if backend not in CONTEXT_PARALLEL_BACKENDS:
         raise ConfigError(f"model.attn_impl: '{backend}' cannot run under context parallelism (PyTorch's covers "
                           f"sdpa and flex); set model.attn_impl=auto")
@@ -110,6 +114,16 @@ def check_context_parallel_kernels(config: TrainConfig, backend: str, on_gpu: bo
     if backend == 'flex' and config.max_seq_len % block:
         raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by {block} ({FLEX_BLOCK}-token '
                           f'flex blocks x {key} {degree}), which flex under context parallelism needs')
+
+
+def has_context_parallelism() -> bool:
+    """torch's module-wrapping context parallelism and its balancers, as ``parallelism.ContextParallel`` uses them."""
+    try:
+        module = importlib.import_module('torch.distributed.tensor.experimental._attention')
+    except ImportError:
+        return False
+    names = ('_context_parallel_shard', '_ContextParallel', '_HeadTailLoadBalancer', '_PTRRLoadBalancer')
+    return all(hasattr(module, name) for name in names)
 
 
 FLEX_BLOCK = 128  # flex attention's block size: its context-parallel masks need whole blocks per rank
