@@ -130,7 +130,7 @@ def start_summary(run: Run, trainer) -> str:
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
-        f'  checkpoints in {config.checkpoint_folder}',
+        checkpoint_line(config),
         (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
          '  starting from scratch (no checkpoint found)'),
     ]
@@ -145,6 +145,11 @@ def parallel_layout(trainer) -> str:
     if mesh.ndim == 2:
         return f'HSDP {mesh.size(0)} replicas x {mesh.size(1)} shards'
     return f'FSDP2 over {mesh.size()} ranks'
+
+
+def checkpoint_line(config: TrainConfig) -> str:
+    folder = config.checkpoint_folder
+    return f'  checkpoints in {folder}' if folder else '  no checkpoints (checkpoint.save_folder is null)'
 
 
 def context_parallel_layout(config: TrainConfig) -> str:

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from llmfoundry_ext.build import build_collator
+from llmfoundry_ext.config import load
 from llmfoundry_ext.preflight import prepare
-from llmfoundry_ext.train import train
+from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 
@@ -97,3 +98,15 @@ def test_replicate_degree_builds_an_hsdp_mesh(tiny_config, tmp_path):
     # composer shows rank 0's output; block 1 (not checkpointed: every 2nd from block 0) is sharded over both dims
     assert ("rank 0: HSDP 2 replicas x 1 shards; block 1 FSDPTransformerBlock on mesh "
             "('data_parallel_replicate', 'data_parallel_shard')") in run.stdout
+
+
+def test_start_summary_says_where_checkpoints_go_or_that_none_are_written(tiny_config, tmp_path, monkeypatch):
+    saving = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['run_name=r1'])
+    assert checkpoint_line(saving) == f"  checkpoints in {tmp_path / 'checkpoints' / 'r1'}"
+    none = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['checkpoint.save_folder=null',
+                                                                 'checkpoint.autoresume=false'])
+    assert checkpoint_line(none) == '  no checkpoints (checkpoint.save_folder is null)'
+    assert context_parallel_layout(none) == ''
+    monkeypatch.setenv('WORLD_SIZE', '2')
+    split = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['parallelism.context_parallel_degree=2'])
+    assert context_parallel_layout(split) == ', each sequence split over 2 GPUs (context parallel)'
