@@ -20,8 +20,8 @@ from composer.utils import FSDP2Config, dist
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
-from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.config import TrainConfig, world_size
+from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.model.llama import Transformer
 
 # Selective checkpointing keeps these ops' outputs and recomputes the rest (norms, RoPE, SwiGLU, casts):

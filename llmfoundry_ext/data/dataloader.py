@@ -66,10 +66,9 @@ def build_dataloader(loader: LoaderConfig, device_batch_size: int, collator: Col
 
 def build_loader(loader: LoaderConfig, device_batch_size: int, collator: Collator, held_out: bool,
                  replication: int = 1) -> StreamingDataLoader:
-    dataset = build_dataset(loader, device_batch_size, held_out, replication)
-    dataloader = StreamingDataLoader(
-        dataset, batch_size=device_batch_size, num_workers=loader.num_workers, drop_last=loader.drop_last,
+    return StreamingDataLoader(
+        build_dataset(loader, device_batch_size, held_out, replication), batch_size=device_batch_size,
+        num_workers=loader.num_workers, drop_last=loader.drop_last,
         prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
         persistent_workers=loader.num_workers > 0, collate_fn=collator,
         pin_memory=torch.cuda.is_available())  # from pageable memory each copy to the GPU would wait for the GPU
-    return dataloader
