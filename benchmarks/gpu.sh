@@ -19,9 +19,15 @@
 #                                               micro-batches of 1, no AC: ours beside transformers'
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
+#   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
+#                                               GPU, 131,072 on a ring of all GPUs (context parallel)
+#   bash benchmarks/gpu.sh profile-long         2 GPUs: llama8b-131k.yaml (CP 2, one sequence) profiled beside
+#                                               torchtitan's compile_full at CP 2, 131,072 tokens
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
-#                                               aside): 10 steps and a checkpoint, then one more step autoresumed
+#                                               aside) to 10 steps, stopping after 5 with a checkpoint: run it twice,
+#                                               the second autoresumes (one call each: a run takes ~5 minutes)
+#   bash benchmarks/gpu.sh long-table           2 GPUs: llama8b-131k.yaml at 8,192 and 32,768 tokens, CP 1 and 2
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -53,16 +59,19 @@ shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch
   rm -rf $ckpt
 }
 
-titan_profile() {  # flavor local-batch setting: torchtitan as .anchors/run.sh runs the setting, steps 8-10 profiled
-  local tt=$PWD/.anchors/torchtitan name=profile_$1_$2_$3
-  FLAVOR=$1 LBS=$2 STEPS=12 bash .anchors/run.sh "$3" | grep -E "^===|^rc=" # writes anchor_$3.toml
-  sed -e 's/^enable_profiling = false/enable_profiling = true\nprofile_freq = 10\nprofiler_warmup = 3\nprofiler_active = 3/' \
+titan_profile() {  # flavor local-batch setting [wait warmup active]: torchtitan as .anchors/run.sh runs the setting
+  # (CP and SEQ from the environment), profiled: `wait` steps (default 4), `warmup` (3), then `active` (3) traced
+  local tt=$PWD/.anchors/torchtitan name=profile_$1_$2_$3 wait=${4:-4} warmup=${5:-3} active=${6:-3}
+  FLAVOR=$1 LBS=$2 TT_TIMEOUT=1 bash .anchors/run.sh "$3" > /dev/null  # writes anchor_$3.toml (the run is cut at 1 s)
+  sed -e "s/^enable_profiling = false/enable_profiling = true\nprofile_freq = $((wait + warmup + active))\nprofiler_warmup = $warmup\nprofiler_active = $active/" \
+    -e "s/^steps = .*/steps = $((wait + warmup + active))/" \
     -e "s#/tmp/tt_outputs/$3\"#/tmp/tt_outputs/$name\"#" "$tt/anchor_$3.toml" > "$tt/anchor_$name.toml"
   rm -rf "/tmp/tt_outputs/$name"
   (cd "$tt" && PYTHONPATH=/tmp/site-tt:$tt HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
     PYTORCH_ALLOC_CONF=expandable_segments:True timeout 400 torchrun --nproc_per_node="$GPUS" \
     --rdzv_backend c10d --rdzv_endpoint=localhost:0 -m torchtitan.train --job.config_file "anchor_$name.toml") \
     > "$OUT/tt_$name.log" 2>&1 || tail -20 "$OUT/tt_$name.log"
+  grep -E "step: +[0-9]+ " "$OUT/tt_$name.log" | sed 's/^.*step:/step:/' | grep -v "^$" | sort -u | tail -12
   cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2-$3.json"
 }
 
@@ -77,23 +86,26 @@ long_run() {  # log-name overrides...: llama8b-131k.yaml on the GPUs present fro
   echo "===== composer train.py yamls/llama8b-131k.yaml variables.data_root=$data variables.init_from=null" \
     "global_batch_size=$((GPUS / 2)) eval_subset_num_batches=1 $*"
   local t0=$SECONDS
-  composer train.py yamls/llama8b-131k.yaml "variables.data_root=$data" variables.init_from=null \
-    "global_batch_size=$((GPUS / 2))" eval_subset_num_batches=1 "$@" > "$OUT/$name.log" 2>&1
+  timeout -k 20 "${LONG_TIMEOUT:-540}" composer train.py yamls/llama8b-131k.yaml "variables.data_root=$data" \
+    variables.init_from=null "global_batch_size=$((GPUS / 2))" eval_subset_num_batches=1 "$@" > "$OUT/$name.log" 2>&1
   echo "exit $?, $((SECONDS - t0))s wall"
   grep -E "^run |^  |^batch |^eval |rror|Traceback" "$OUT/$name.log" | grep -v Warning | tail -30
 }
 
-long_8b() {  # 10 steps and a checkpoint, then the same command a step further. One checkpoint is 96 GB (fp32
-  # weights and Adam state), two do not fit the disk: the first is removed once the resumed run has loaded it.
-  local ckpt=/tmp/long/ckpt
-  [ "$(df --output=avail -B1G /dev/shm | tail -1)" -gt 110 ] && ckpt=/dev/shm/long-ckpt
+long_8b() {  # the same command each call: batches 1-5 and a checkpoint (stop_after), then, resumed, 6-10. A checkpoint
+  # is 96 GB (fp32 weights and Adam state), two do not fit the disk: in /dev/shm where it has room, and the one
+  # resumed from is removed once the resumed run has loaded it.
+  local ckpt=/tmp/long/ckpt log=long-8b
+  [ -d /dev/shm/long-ckpt ] || [ "$(df --output=avail -B1G /dev/shm | tail -1)" -gt 110 ] && ckpt=/dev/shm/long-ckpt
+  local resumed_from=$(ls -d $ckpt/*/ep0-ba* 2>/dev/null)
+  if [ -n "$resumed_from" ]; then
+    log=long-8b-resumed
+    (until grep -q "resuming from the latest checkpoint" "$OUT/$log.log" 2>/dev/null; do sleep 2; done
+     rm -rf $resumed_from) &
+  fi
   df -h /tmp /dev/shm | tail -2
-  long_run long-8b "variables.checkpoint_root=$ckpt" max_duration=10ba
-  du -sh $ckpt/*/ep0-ba10
-  (until grep -q "resuming from the latest checkpoint" "$OUT/long-8b-resume.log" 2>/dev/null; do sleep 1; done
-   rm -rf $ckpt/*/ep0-ba10) &
-  long_run long-8b-resume "variables.checkpoint_root=$ckpt" max_duration=11ba
-  ls $ckpt/*; rm -rf $ckpt
+  long_run $log "variables.checkpoint_root=$ckpt" max_duration=10ba callbacks.stop_after.batches=5
+  du -sh $ckpt/*/*
 }
 
 AC=parallelism.fsdp.activation_checkpointing
@@ -147,6 +159,24 @@ case "${1:-}" in
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
+  attention)
+    timeout 150 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
+      --json "$OUT/attention-8192.json"
+    timeout 200 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
+      --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
+  profile-long)
+    timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
+      "global_batch_size=$((GPUS / 2))" --warmup 2 --steps 1 --trace /tmp/ours-long.json 2>&1 | grep -v Warning | tail -30
+    CP=2 SEQ=131072 titan_profile 8B 1 compile_full 4 1 1
+    python3 scripts/compare_profiles.py ours=/tmp/ours-long.json torchtitan=/tmp/titan-8B-b1-compile_full.json \
+      --kernels 25 --gaps 8 --json "$OUT/profile-long.json" ;;
+  long-table)
+    Y="yamls/llama8b-131k.yaml variables.init_from=null"
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \
+      --row "8k-cp1 $Y max_seq_len=8192 parallelism.context_parallel_degree=1 global_batch_size=$GPUS" \
+      --row "8k-cp2 $Y max_seq_len=8192 global_batch_size=$((GPUS / 2))" \
+      --row "32k-cp1 $Y max_seq_len=32768 parallelism.context_parallel_degree=1 global_batch_size=$GPUS" \
+      --row "32k-cp2 $Y max_seq_len=32768 global_batch_size=$((GPUS / 2))" ;;
   long-smoke) long_run long-smoke variables.checkpoint_root=/tmp/long/smoke model.n_layers=2 max_duration=3ba
     rm -rf /tmp/long/smoke ;;
   long-8b) long_8b ;;

@@ -183,8 +183,14 @@ class ContextParallel:
         self.mesh = init_device_mesh(device, (world // degree, degree), mesh_dim_names=('data', 'context'))['context']
 
     def apply(self, transformer: Transformer) -> None:
-        """Wrap every block's inner attention: SDPA through the CP dispatcher (ring attention), flex with keys and
-        values all-gathered."""
+        """Wrap every block's inner attention (``wrap``)."""
+        for block in transformer.layers:
+            self.wrap(block.self_attn.inner_attention)
+        transformer.context_parallel = self
+
+    def wrap(self, attention: torch.nn.Module) -> None:
+        """``attention(q, k, v, ...)`` [B, H, S, D] on this rank's shards: SDPA through the CP dispatcher (ring
+        attention), flex with keys and values all-gathered."""
         from torch.distributed.tensor.experimental._attention import (
             _ContextParallel, _enable_context_parallel_dispatcher)
         from torch.distributed.tensor.parallel import parallelize_module
@@ -194,9 +200,7 @@ class ContextParallel:
         else:
             _enable_context_parallel_dispatcher()
             style = _ContextParallel(seq_dim=2, attention_type=_ContextParallel.AttentionType.SDPA)
-        for block in transformer.layers:
-            parallelize_module(block.self_attn.inner_attention, self.mesh, style)
-        transformer.context_parallel = self
+        parallelize_module(attention, self.mesh, style)
 
     def shard(self, batch: dict) -> dict:
         """The whole micro-batch -> this rank's part of it: ``input_ids``, ``labels`` and ``position_ids`` (RoPE

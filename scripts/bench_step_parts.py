@@ -1,21 +1,31 @@
-"""GPU time of the training step's parts outside the transformer blocks, for a preset's shapes on one GPU.
+"""GPU time of parts of the training step, for a preset's shapes on one GPU (attention: on a ring of GPUs).
 
   python scripts/bench_step_parts.py --preset 8b --tokens 8192 [--shards 2] [--json out.json]
+  torchrun --nproc_per_node 2 scripts/bench_step_parts.py --preset 8b --tokens 131072 --parts attention
 
 loss: the output layer and cross-entropy, forward and backward, from bf16 hidden states and weight: liger's
 fused kernel at several ``chunk_mem_const`` (its transient logits are at most that many times the hidden
 states; 1, liger's default, cuts 8,192 tokens of the 8B into 32 chunks) beside the logits GEMM with a compiled
 cross-entropy (torchtitan's loss path). optimizer: AdamW (fused / foreach) and norm clipping on one rank's fp32
-shard of the preset's parameters (``--shards``: the FSDP degree), as in the 8B on 2 GPUs.
+shard of the preset's parameters (``--shards``: the FSDP degree), as in the 8B on 2 GPUs. attention: one layer's
+causal attention, forward and backward, over ``--tokens`` per sequence, for each ``model.sdpa_kernel`` as the model
+calls it (auto passes ``enable_gqa``; a pinned kernel gets key/value heads repeated to the query heads, as
+torchtitan does) and each kernel pinned with ``enable_gqa``; launched on N processes, each sequence is split over
+them by context parallelism (ring attention, head-tail balanced). TFLOP/s per GPU count causal attention
+(forward 2·S²·H·D, backward 2.5x that); the kernel named is the one with most GPU time.
 """
 import argparse
 import json
+import os
 import sys
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from llmfoundry_ext.model.llama import PRESETS, LlamaConfig, Transformer
+from llmfoundry_ext.model.attention import SDPA_KERNELS
+from llmfoundry_ext.model.llama import PRESETS, InnerAttention, LlamaConfig, Transformer
+from llmfoundry_ext.parallelism import ContextParallel
 
 
 def cuda_ms(fn, warmup: int = 3, repeat: int = 10) -> float:
@@ -86,26 +96,89 @@ def optimizer_rows(config: LlamaConfig, shards: int) -> list[dict]:
     return rows
 
 
+class PinnedGQA(torch.nn.Module):
+    """SDPA restricted to one kernel, key/value heads passed as they are (``enable_gqa``)."""
+
+    def __init__(self, kernel: str):
+        super().__init__()
+        self.kernel = kernel
+
+    def forward(self, q, k, v, causal: bool, *_) -> torch.Tensor:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel({'cudnn': SDPBackend.CUDNN_ATTENTION, 'flash': SDPBackend.FLASH_ATTENTION}[self.kernel]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+def top_kernel(fn) -> str:
+    """The GPU kernel with the most time in one call of ``fn``."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in profile.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return max(events, key=lambda e: e.self_device_time_total).key[:70] if events else '-'
+
+
+def attention_rows(config: LlamaConfig, tokens: int) -> list[dict]:
+    """Causal attention fwd+bwd of one layer over a ``tokens``-long sequence, per SDPA choice, on this rank's
+    share of it (context parallel over all ranks when there are several)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    ring = ContextParallel(world, 'sdpa', causal=True) if world > 1 else None
+    local = tokens // world
+    shape = (1, config.n_heads, local, config.head_dim)
+    q = torch.randn(shape, device='cuda', dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, config.n_kv_heads, local, config.head_dim, device='cuda', dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
+    flops = 7 * tokens * tokens * config.n_heads * config.head_dim / world
+    variants = {f'sdpa_kernel={kernel}': (InnerAttention(), kernel) for kernel in SDPA_KERNELS if kernel != 'math'}
+    variants.update({f'{kernel} pinned, enable_gqa': (PinnedGQA(kernel), kernel) for kernel in ('cudnn', 'flash')})
+    rows = []
+    for name, (module, kernel) in variants.items():
+        if ring is not None:
+            ring.wrap(module)
+        step = lambda: module(q, k, v, True, 'sdpa', None, kernel).sum().backward()
+        try:
+            ms, kernel_name = cuda_ms(step), top_kernel(step)
+        except Exception as error:  # noqa: BLE001 - a kernel that cannot run is a row of the table
+            rows.append({'part': 'attention', 'variant': name, 'error': str(error).splitlines()[0][:100]})
+            continue
+        rows.append({'part': 'attention', 'variant': name, 'ms': round(ms, 2),
+                     'tflops_per_gpu': round(flops / ms / 1e9, 1), 'kernel': kernel_name})
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--preset', default='8b', choices=sorted(PRESETS))
     parser.add_argument('--tokens', type=int, default=8192, help='tokens per micro-batch (batch x sequence)')
     parser.add_argument('--shards', type=int, default=2, help='FSDP degree: the optimizer sees 1/shards of the model')
     parser.add_argument('--chunk-mem-const', type=int, nargs='+', default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument('--parts', nargs='+', default=['loss', 'optimizer'], choices=['loss', 'optimizer'])
+    parser.add_argument('--parts', nargs='+', default=['loss', 'optimizer'], choices=['loss', 'optimizer', 'attention'])
     parser.add_argument('--json', help='also write the rows here')
     args = parser.parse_args(argv)
     config = PRESETS[args.preset]
+    if 'WORLD_SIZE' in os.environ:  # torchrun: attention on a ring of its processes
+        dist.init_process_group('nccl')
+        torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
     rows = []
+    if 'attention' in args.parts:
+        rows += attention_rows(config, args.tokens)
     if 'loss' in args.parts:
         rows += loss_rows(config, args.tokens, args.chunk_mem_const)
     if 'optimizer' in args.parts:
         rows += optimizer_rows(config, args.shards)
-    device = f'{torch.cuda.get_device_name()}, torch {torch.__version__}'
+    gpus = dist.get_world_size() if dist.is_initialized() else 1
+    device = f'{gpus} x {torch.cuda.get_device_name()}, torch {torch.__version__}'
+    if gpus > 1 and dist.get_rank() > 0:
+        return 0
     print(f'{args.preset}, {args.tokens} tokens, optimizer on 1/{args.shards} of the parameters; {device}')
-    print(f"{'part':10} {'variant':40} {'ms':>9} {'peak GiB':>9}")
+    print(f"{'part':10} {'variant':40} {'ms':>9} {'peak GiB':>9} {'TFLOP/s':>8}  kernel")
     for row in rows:
-        print(f"{row['part']:10} {row['variant']:40} {row['ms']:>9.2f} {row.get('peak_gib', ''):>9}")
+        if 'error' in row:
+            print(f"{row['part']:10} {row['variant']:40} error: {row['error']}")
+            continue
+        print(f"{row['part']:10} {row['variant']:40} {row['ms']:>9.2f} {row.get('peak_gib', ''):>9} "
+              f"{row.get('tflops_per_gpu', ''):>8}  {row.get('kernel', '')}")
     if args.json:
         with open(args.json, 'w') as file:
             json.dump({'preset': args.preset, 'tokens': args.tokens, 'shards': args.shards, 'device': device,
