@@ -160,9 +160,9 @@ case "${1:-}" in
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   attention)
-    timeout 150 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
+    timeout 60 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
       --json "$OUT/attention-8192.json"
-    timeout 200 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
+    timeout 120 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
       --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
   profile-long)
     timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
