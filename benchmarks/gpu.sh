@@ -167,7 +167,7 @@ case "${1:-}" in
   profile-long)
     timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
       "global_batch_size=$((GPUS / 2))" --warmup 2 --steps 1 --trace /tmp/ours-long.json 2>&1 | grep -v Warning | tail -30
-    CP=2 SEQ=131072 titan_profile 8B 1 compile_full 4 1 1
+    CP=2 SEQ=131072 titan_profile 8B 1 compile_full 3 1 1
     python3 scripts/compare_profiles.py ours=/tmp/ours-long.json torchtitan=/tmp/titan-8B-b1-compile_full.json \
       --kernels 25 --gaps 8 --json "$OUT/profile-long.json" ;;
   long-table)
