@@ -21,8 +21,8 @@
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
-#   bash benchmarks/gpu.sh profile-long         2 GPUs: llama8b-131k.yaml (CP 2, one sequence) profiled beside
-#                                               torchtitan's compile_full at CP 2, 131,072 tokens
+#   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
+#                                               and 1) profiled beside torchtitan's compile_full at CP 2, 131,072 tokens
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
 #                                               aside) to 10 steps, stopping after 5 with a checkpoint: run it twice,
@@ -165,11 +165,13 @@ case "${1:-}" in
     timeout 120 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
       --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
   profile-long)
+    shift
     timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
-      "global_batch_size=$((GPUS / 2))" --warmup 2 --steps 1 --trace /tmp/ours-long.json 2>&1 | grep -v Warning | tail -30
+      "global_batch_size=$((GPUS / 2))" "$@" --warmup 2 --steps 1 --trace /tmp/ours-long.json 2>&1 |
+      grep -v Warning | tail -30
     CP=2 SEQ=131072 titan_profile 8B 1 compile_full 3 1 1
-    python3 scripts/compare_profiles.py ours=/tmp/ours-long.json torchtitan=/tmp/titan-8B-b1-compile_full.json \
-      --kernels 25 --gaps 8 --json "$OUT/profile-long.json" ;;
+    python3 scripts/compare_profiles.py ours=/tmp/ours-long.json ours-rank1=/tmp/ours-long.rank1.json \
+      torchtitan=/tmp/titan-8B-b1-compile_full.json --kernels 25 --gaps 8 --json "$OUT/profile-long.json" ;;
   long-table)
     Y="yamls/llama8b-131k.yaml variables.init_from=null"
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \

@@ -52,7 +52,7 @@ def train(run: Run, extra_callbacks: list = (), model=None):
     if dist.get_local_rank() == 0:
         removed = remove_stale_streaming_state()
         if removed:
-            print(f"removed streaming shared memory left by crashed runs: prefixes {', '.join(removed)}", flush=True)
+            print(f"removed streaming shared memory left by earlier runs: prefixes {', '.join(removed)}", flush=True)
     if config.checkpoint.autoresume and config.checkpoint_folder:
         prepare_autoresume_on_rank_zero(config.checkpoint_folder)
     dist.barrier()

@@ -5,8 +5,9 @@
 
 The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's; --model hf or
 hf-loop trains transformers' model of that shape instead, as scripts/benchmark.py's hf: rows do). Writes a
-Chrome/Perfetto trace (open in ui.perfetto.dev) and prints the category table (GPU kernels on a GPU, CPU
-operators otherwise); --syncs also lists where the last warm-up batch made the host wait for the GPU.
+Chrome/Perfetto trace per rank (rank 0's at --trace, rank R's at its stem.rankR.json; open in ui.perfetto.dev)
+and prints rank 0's category table (GPU kernels on a GPU, CPU operators otherwise); --syncs also lists where the
+last warm-up batch made the host wait for the GPU.
 (Not named profile.py: in scripts/ that would shadow Python's own ``profile``
 module for every script there.) Launch with `composer -n N scripts/profile_run.py ...` for several GPUs.
 """
@@ -51,10 +52,10 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(folder, ignore_errors=True)
     if profiler is None:
         return 2
+    profiler.profile.export_chrome_trace(rank_trace(args.trace, dist.get_global_rank()))
     if dist.get_global_rank() == 0:
         if syncs is not None:
             print(syncs.report())
-        profiler.profile.export_chrome_trace(args.trace)
         rows = category_table(self_times(profiler.profile))
         print(f'\n{args.yaml} ({args.model}): {args.steps} profiled steps after {args.warmup} warm-up; trace in '
               f'{args.trace}')
@@ -92,6 +93,13 @@ def profile_synthetic_run(args: argparse.Namespace, folder: str) -> tuple[Profil
     model = HFCausalLM(run.architecture, HF_EXPERTS[args.model]) if args.model in HF_EXPERTS else None
     train(run, extra_callbacks=[profiler] + ([syncs] if syncs else []), model=model).close()
     return profiler, syncs
+
+
+def rank_trace(path: str, rank: int) -> str:
+    """Where ``rank`` writes its trace: ``path`` for rank 0, ``stem.rankR.json`` beside it for the others (ranks of a
+    context-parallel group wait on each other: each one's view tells which is late)."""
+    stem, extension = os.path.splitext(path)
+    return path if rank == 0 else f'{stem}.rank{rank}{extension}'
 
 
 def shared_folder() -> str:

@@ -40,7 +40,8 @@ def test_category_table_shares():
 
 
 def test_profile_script_on_two_cpu_processes(tmp_path):
-    """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports."""
+    """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports,
+    each rank writes its trace."""
     result = subprocess.run(
         [COMPOSER, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
          '--warmup', '1', '--steps', '2', '--trace', str(tmp_path / 'trace.json'), '--json', str(tmp_path / 't.json')],
@@ -54,6 +55,8 @@ def test_profile_script_on_two_cpu_processes(tmp_path):
     steps = sorted(e['name'] for e in json.load(open(tmp_path / 'trace.json'))['traceEvents']
                    if e['name'].startswith('ProfilerStep#'))
     assert steps == ['ProfilerStep#1', 'ProfilerStep#2']
+    rank1 = json.load(open(tmp_path / 'trace.rank1.json'))['traceEvents']
+    assert sorted(e['name'] for e in rank1 if e['name'].startswith('ProfilerStep#')) == steps
 
 
 def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path):
