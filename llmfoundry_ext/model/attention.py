@@ -132,7 +132,7 @@ def sdpa_attention(q, k, v, causal: bool, mask: Optional[torch.Tensor], kernel: 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     pinned = {'cudnn': SDPBackend.CUDNN_ATTENTION, 'flash': SDPBackend.FLASH_ATTENTION,
               'efficient': SDPBackend.EFFICIENT_ATTENTION, 'math': SDPBackend.MATH}[kernel]
-    if gqa and kernel != 'math':  # key/value heads repeated for a pinned kernel, as torchtitan passes them
+    if gqa and kernel != 'math':  # key/value heads repeated to the query heads for a pinned kernel
         groups = q.shape[1] // k.shape[1]
         k, v, gqa = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
     with sdpa_kernel(pinned):
