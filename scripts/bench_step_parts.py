@@ -9,10 +9,10 @@ states; 1, liger's default, cuts 8,192 tokens of the 8B into 32 chunks) beside t
 cross-entropy (torchtitan's loss path). optimizer: AdamW (fused / foreach) and norm clipping on one rank's fp32
 shard of the preset's parameters (``--shards``: the FSDP degree), as in the 8B on 2 GPUs. attention: one layer's
 causal attention, forward and backward, over ``--tokens`` per sequence, for each ``model.sdpa_kernel`` as the model
-calls it (auto passes ``enable_gqa``; a pinned kernel gets key/value heads repeated to the query heads) and
-each kernel pinned with ``enable_gqa`` (torchtitan's call: cuDNN first); launched on N processes, each sequence is split over
-them by context parallelism (ring attention, head-tail balanced). TFLOP/s per GPU count causal attention
-(forward 2·S²·H·D, backward 2.5x that); the kernel named is the one with most GPU time.
+calls it (auto passes ``enable_gqa``; a pinned kernel gets key/value heads repeated to the query heads) and for
+cuDNN and flash pinned with ``enable_gqa`` (torchtitan's call: cuDNN first); launched on N processes, each sequence
+is split over them by context parallelism (ring attention, head-tail balanced). TFLOP/s per GPU count causal
+attention (forward 2·S²·H·D, backward 2.5x that); the kernel named is the one with most GPU time.
 """
 import argparse
 import json
@@ -153,7 +153,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--tokens', type=int, default=8192, help='tokens per micro-batch (batch x sequence)')
     parser.add_argument('--shards', type=int, default=2, help='FSDP degree: the optimizer sees 1/shards of the model')
     parser.add_argument('--chunk-mem-const', type=int, nargs='+', default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument('--parts', nargs='+', default=['loss', 'optimizer'], choices=['loss', 'optimizer', 'attention'])
+    parser.add_argument('--parts', nargs='+', default=['loss', 'optimizer'],
+                        choices=['loss', 'optimizer', 'attention'])
     parser.add_argument('--json', help='also write the rows here')
     args = parser.parse_args(argv)
     config = PRESETS[args.preset]
