@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from llmfoundry_ext.config import world_size
 from llmfoundry_ext.model.attention import SDPA_KERNELS
 from llmfoundry_ext.model.llama import PRESETS, InnerAttention, LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import ContextParallel
@@ -122,7 +123,7 @@ def top_kernel(fn) -> str:
 def attention_rows(config: LlamaConfig, tokens: int) -> list[dict]:
     """Causal attention fwd+bwd of one layer over a ``tokens``-long sequence, per SDPA choice, on this rank's
     share of it (context parallel over all ranks when there are several)."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    world = world_size()
     ring = ContextParallel(world, 'sdpa', causal=True) if world > 1 else None
     local = tokens // world
     shape = (1, config.n_heads, local, config.head_dim)
@@ -158,7 +159,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='also write the rows here')
     args = parser.parse_args(argv)
     config = PRESETS[args.preset]
-    if 'WORLD_SIZE' in os.environ:  # torchrun: attention on a ring of its processes
+    gpus = world_size()
+    if gpus > 1:  # torchrun: attention on a ring of its processes
         dist.init_process_group('nccl')
         torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
     rows = []
@@ -168,7 +170,6 @@ def main(argv: list[str]) -> int:
         rows += loss_rows(config, args.tokens, args.chunk_mem_const)
     if 'optimizer' in args.parts:
         rows += optimizer_rows(config, args.shards)
-    gpus = dist.get_world_size() if dist.is_initialized() else 1
     device = f'{gpus} x {torch.cuda.get_device_name()}, torch {torch.__version__}'
     if gpus > 1 and dist.get_rank() > 0:
         return 0
