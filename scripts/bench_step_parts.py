@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from llmfoundry_ext.config import world_size
-from llmfoundry_ext.model.attention import SDPA_KERNELS
+from llmfoundry_ext.model.attention import SDPA_KERNELS, sdpa_backend
 from llmfoundry_ext.model.llama import PRESETS, InnerAttention, LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import ContextParallel
 
@@ -105,9 +105,9 @@ class PinnedGQA(torch.nn.Module):
         self.kernel = kernel
 
     def forward(self, q, k, v, causal: bool, *_) -> torch.Tensor:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.attention import sdpa_kernel
 
-        with sdpa_kernel({'cudnn': SDPBackend.CUDNN_ATTENTION, 'flash': SDPBackend.FLASH_ATTENTION}[self.kernel]):
+        with sdpa_kernel(sdpa_backend(self.kernel)):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
 

@@ -129,15 +129,20 @@ def sdpa_attention(q, k, v, causal: bool, mask: Optional[torch.Tensor], kernel: 
     if kernel == 'auto':
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                               enable_gqa=gqa)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    pinned = {'cudnn': SDPBackend.CUDNN_ATTENTION, 'flash': SDPBackend.FLASH_ATTENTION,
-              'efficient': SDPBackend.EFFICIENT_ATTENTION, 'math': SDPBackend.MATH}[kernel]
+    from torch.nn.attention import sdpa_kernel
     if gqa and kernel != 'math':  # key/value heads repeated to the query heads for a pinned kernel
         groups = q.shape[1] // k.shape[1]
         k, v, gqa = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), False
-    with sdpa_kernel(pinned):
+    with sdpa_kernel(sdpa_backend(kernel)):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                                               enable_gqa=gqa)
+
+
+def sdpa_backend(kernel: str):
+    """The ``SDPBackend`` that ``model.sdpa_kernel`` pins (all but auto)."""
+    from torch.nn.attention import SDPBackend
+    return {'cudnn': SDPBackend.CUDNN_ATTENTION, 'flash': SDPBackend.FLASH_ATTENTION,
+            'efficient': SDPBackend.EFFICIENT_ATTENTION, 'math': SDPBackend.MATH}[kernel]
 
 
 def allowed(document_ids: Optional[torch.Tensor], causal: bool, seq_len: int = 0, device=None) -> torch.Tensor:
