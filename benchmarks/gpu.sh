@@ -72,7 +72,9 @@ titan_profile() {  # flavor local-batch setting [wait warmup active]: torchtitan
     --rdzv_backend c10d --rdzv_endpoint=localhost:0 -m torchtitan.train --job.config_file "anchor_$name.toml") \
     > "$OUT/tt_$name.log" 2>&1 || tail -20 "$OUT/tt_$name.log"
   grep -E "step: +[0-9]+ " "$OUT/tt_$name.log" | sed 's/^.*step:/step:/' | grep -v "^$" | sort -u | tail -12
-  cp "$(ls /tmp/tt_outputs/$name/profile_traces/iteration_*/rank0_trace.json | tail -1)" "/tmp/titan-$1-b$2-$3.json"
+  local traces=$(ls -d /tmp/tt_outputs/$name/profile_traces/iteration_* | tail -1)
+  cp "$traces/rank0_trace.json" "/tmp/titan-$1-b$2-$3.json"
+  [ -f "$traces/rank1_trace.json" ] && cp "$traces/rank1_trace.json" "/tmp/titan-$1-b$2-$3.rank1.json"
 }
 
 long_data() {  # the shipped streams with 131,072-token windows of random Llama-3 ids: 32 per train, 8 per val stream
@@ -164,14 +166,22 @@ case "${1:-}" in
       --json "$OUT/attention-8192.json"
     timeout 120 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
       --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
-  profile-long)
+  profile-long)  # TITAN=0: ours alone. NCCL's transports (INIT logs) are listed: a slow path shows there
     shift
+    export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
     timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
-      "global_batch_size=$((GPUS / 2))" "$@" --warmup 2 --steps 1 --trace /tmp/ours-long.json 2>&1 |
-      grep -v Warning | tail -30
-    CP=2 SEQ=131072 titan_profile 8B 1 compile_full 3 1 1
-    python3 scripts/compare_profiles.py ours=/tmp/ours-long.json ours-rank1=/tmp/ours-long.rank1.json \
-      torchtitan=/tmp/titan-8B-b1-compile_full.json --kernels 25 --gaps 8 --json "$OUT/profile-long.json" ;;
+      "global_batch_size=$((GPUS / 2))" "$@" --warmup 2 --steps 1 --trace /tmp/ours-long.json > "$OUT/ours-long.log" 2>&1
+    grep -v "Warning\|NCCL INFO" "$OUT/ours-long.log" | tail -30
+    traces=(ours=/tmp/ours-long.json ours-rank1=/tmp/ours-long.rank1.json)
+    if [ "${TITAN:-1}" = 1 ]; then
+      CP=2 SEQ=131072 titan_profile 8B 1 compile_full 3 1 1
+      traces+=(torchtitan=/tmp/titan-8B-b1-compile_full.json torchtitan-rank1=/tmp/titan-8B-b1-compile_full.rank1.json)
+    fi
+    for log in "$OUT/ours-long.log" "$OUT/tt_profile_8B_1_compile_full.log"; do
+      [ -f "$log" ] && echo "$log: NCCL channels" && grep -o "via [A-Za-z0-9/_]*" "$log" | sort | uniq -c
+    done
+    python3 scripts/compare_profiles.py "${traces[@]}" --kernels 25 --gaps 8 --json "$OUT/profile-long.json" \
+      --timelines "$OUT/timelines" ;;
   long-table)
     Y="yamls/llama8b-131k.yaml variables.init_from=null"
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \

@@ -3,6 +3,7 @@
 Kernels (GPU) or operators (CPU) are grouped into categories by name, each with its share of the profiled time.
 """
 import collections
+import gzip
 import json
 import re
 import traceback
@@ -77,12 +78,24 @@ GPU_EVENTS = ('kernel', 'gpu_memcpy', 'gpu_memset')  # Chrome-trace categories o
 class TraceSummary:
     """What a profiled stretch of training did on GPU 0, from its Chrome trace (ours or torchtitan's)."""
     kernels: dict[str, float]  # kernel name -> ms, summed over the profiled steps
+    calls: dict[str, int]  # kernel name -> launches, over the profiled steps
     busy_ms: float  # time at least one kernel or copy ran
     span_ms: float  # first GPU event's start to last one's end
     steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
     gaps: list[dict]  # idle stretches, longest first: {ms, after: the kernel that ended, before: the next one,
     #                   launched_in: the CPU ranges, outermost first, around the launch of the next one,
     #                   host_work: what that thread did during the stretch, longest first}
+    device_events: list[tuple[str, int, float, float]]  # (name, stream, start us, duration us), by start
+
+
+def write_timeline(summary: TraceSummary, path: str) -> None:
+    """The trace's GPU work alone, gzipped JSON {names, events: [[name index, stream, start us, duration us]]}: a
+    few MB where the whole trace is GBs, to line up ranks' kernels (who waited for whom) away from the GPU."""
+    names = sorted({name for name, *_ in summary.device_events})
+    index = {name: i for i, name in enumerate(names)}
+    events = [[index[name], stream, start, duration] for name, stream, start, duration in summary.device_events]
+    with gzip.open(path, 'wt') as file:
+        json.dump({'names': names, 'events': events}, file)
 
 
 def read_trace(path: str) -> TraceSummary:
@@ -91,6 +104,7 @@ def read_trace(path: str) -> TraceSummary:
         events = [e for e in json.load(file)['traceEvents'] if e.get('ph') == 'X']
     gpu = sorted((e for e in events if e.get('cat') in GPU_EVENTS), key=lambda e: e['ts'])
     kernels: dict[str, float] = collections.defaultdict(float)
+    calls = collections.Counter(event['name'] for event in gpu)
     busy, covered_to, last, gaps = 0.0, float('-inf'), None, []
     for event in gpu:
         kernels[event['name']] += event['dur'] / 1000
@@ -110,7 +124,9 @@ def read_trace(path: str) -> TraceSummary:
         launch = launches.get(kernel.get('args', {}).get('correlation'))
         gap['launched_in'] = launch_context(events, launch)
         gap['host_work'] = host_work(events, launch, idle_from, kernel['ts'])
-    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, *_ in gaps])
+    device_events = [(e['name'], e.get('args', {}).get('stream', e.get('tid')), e['ts'], e['dur']) for e in gpu]
+    return TraceSummary(dict(kernels), dict(calls), busy / 1000, span, len(steps), [gap for gap, *_ in gaps],
+                        device_events)
 
 
 LAUNCH_EVENTS = ('cuda_runtime', 'cuda_driver')  # the CPU-side calls that launch GPU work
@@ -163,9 +179,10 @@ def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
 
 
 def top_kernels(summary: TraceSummary, count: int) -> list[dict]:
-    """The ``count`` kernels with the most time per step: {kernel, category, ms}."""
+    """The ``count`` kernels with the most time per step: {kernel, category, ms, calls} (calls per step)."""
     ranked = sorted(summary.kernels.items(), key=lambda kernel: -kernel[1])[:count]
-    return [{'kernel': name, 'category': categorize(name), 'ms': ms / summary.steps} for name, ms in ranked]
+    return [{'kernel': name, 'category': categorize(name), 'ms': ms / summary.steps,
+             'calls': summary.calls[name] / summary.steps} for name, ms in ranked]
 
 
 def format_comparison(rows: list[dict]) -> str:

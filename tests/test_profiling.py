@@ -1,5 +1,6 @@
 """Profiling: kernel names fall into the right categories; a CPU profile of the demo model prints its table; two
 Chrome traces compare by category, busy and idle time."""
+import gzip
 import json
 import os
 import subprocess
@@ -8,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from llmfoundry_ext.profiling import SyncReport, categorize, category_table, compare_traces, read_trace, top_kernels
+from llmfoundry_ext.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace, top_kernels,
+                                     write_timeline)
 from tests.conftest import COMPOSER, REPO
 
 
@@ -90,6 +92,7 @@ def test_read_trace_counts_overlapping_streams_once(tmp_path):
         ('gpu_memcpy', 'Memcpy HtoD', 8000, 1000), ('kernel', 'nvjet_gemm', 10000, 2000)])
     summary = read_trace(trace)
     assert summary.kernels == {'nvjet_gemm': 5.0, 'ncclDevKernel_AllGather': 4.0, 'Memcpy HtoD': 1.0}
+    assert summary.calls == {'nvjet_gemm': 2, 'ncclDevKernel_AllGather': 1, 'Memcpy HtoD': 1}
     assert (summary.busy_ms, summary.span_ms, summary.steps) == (8.0, 11.0, 2)
     assert summary.gaps == [
         {'ms': 2.0, 'after': 'ncclDevKernel_AllGather', 'before': 'Memcpy HtoD', 'launched_in': '', 'host_work': ''},
@@ -129,7 +132,21 @@ def test_compare_traces_per_step(tmp_path):
         {'category': 'GEMM', 'ours': 3.0, 'titan': 2.0}, {'category': 'attention', 'ours': 1.0, 'titan': 0.0},
         {'category': 'normalization', 'ours': 0.0, 'titan': 1.0}, {'category': 'GPU busy', 'ours': 4.0, 'titan': 3.0},
         {'category': 'GPU idle', 'ours': 0.5, 'titan': 0.0}, {'category': 'span', 'ours': 4.5, 'titan': 3.0}]
-    assert top_kernels(ours, 1) == [{'kernel': 'nvjet_gemm', 'category': 'GEMM', 'ms': 3.0}]
+    assert top_kernels(ours, 1) == [{'kernel': 'nvjet_gemm', 'category': 'GEMM', 'ms': 3.0, 'calls': 0.5}]
+
+
+def test_write_timeline_keeps_each_gpu_event_with_its_stream_in_start_order(tmp_path):
+    events = [{'ph': 'X', 'cat': 'user_annotation', 'name': 'ProfilerStep#0', 'ts': 0, 'dur': 9000},
+              {'ph': 'X', 'cat': 'kernel', 'name': 'ncclDevKernel_SendRecv', 'ts': 500, 'dur': 80, 'tid': 'stream 9',
+               'args': {'stream': 9}},
+              {'ph': 'X', 'cat': 'kernel', 'name': 'nvjet_gemm', 'ts': 100, 'dur': 300, 'args': {'stream': 7}},
+              {'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::mm', 'ts': 90, 'dur': 20},
+              {'ph': 'X', 'cat': 'kernel', 'name': 'nvjet_gemm', 'ts': 600, 'dur': 50.5, 'args': {'stream': 7}}]
+    (tmp_path / 't.json').write_text(json.dumps({'traceEvents': events}))
+    write_timeline(read_trace(str(tmp_path / 't.json')), str(tmp_path / 't.timeline.json.gz'))
+    with gzip.open(tmp_path / 't.timeline.json.gz', 'rt') as file:
+        assert json.load(file) == {'names': ['ncclDevKernel_SendRecv', 'nvjet_gemm'],
+                                   'events': [[1, 7, 100, 300], [0, 9, 500, 80], [1, 7, 600, 50.5]]}
 
 
 def test_compare_profiles_script(tmp_path, capsys):
@@ -140,8 +157,10 @@ def test_compare_profiles_script(tmp_path, capsys):
                                                         'GEMM                     3.00          3.00       +0.00']
     assert json.load(open(tmp_path / 'c.json'))['steps'] == {'ours': 1, 'titan': 1}
     assert main([f'ours={ours}', '--kernels', '1']) == 0
-    assert capsys.readouterr().out.splitlines()[-2:] == ['ours: top 1 kernels, ms per step',
-                                                         '     3.00  GEMM           nvjet_gemm']
+    assert capsys.readouterr().out.splitlines()[-2:] == ['ours: top 1 kernels, ms and calls per step',
+                                                         '     3.00       1  GEMM           nvjet_gemm']
+    assert main([f'ours={ours}', '--timelines', str(tmp_path / 'lines')]) == 0
+    assert os.listdir(tmp_path / 'lines') == ['ours.timeline.json.gz']
     gapped = write_trace(tmp_path / 'g.json', 1, [('kernel', 'nvjet_gemm', 0, 1000),
                                                   ('kernel', 'flash_fwd', 3500, 10)])
     assert main([f'ours={gapped}', '--gaps', '1']) == 0
