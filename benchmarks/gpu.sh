@@ -166,14 +166,14 @@ case "${1:-}" in
       --json "$OUT/attention-8192.json"
     timeout 120 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
       --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
-  profile-long)  # TITAN=0: ours alone. NCCL's transports (INIT logs) are listed: a slow path shows there
+  profile-long)  # OURS_ONLY=1: ours alone. NCCL's transports (INIT logs) are listed: a slow path shows there
     shift
     export NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
     timeout 300 composer -n "$GPUS" scripts/profile_run.py yamls/llama8b-131k.yaml variables.init_from=null \
       "global_batch_size=$((GPUS / 2))" "$@" --warmup 2 --steps 1 --trace /tmp/ours-long.json > "$OUT/ours-long.log" 2>&1
     grep -v "Warning\|NCCL INFO" "$OUT/ours-long.log" | tail -30
     traces=(ours=/tmp/ours-long.json ours-rank1=/tmp/ours-long.rank1.json)
-    if [ "${TITAN:-1}" = 1 ]; then
+    if [ -z "${OURS_ONLY:-}" ]; then
       CP=2 SEQ=131072 titan_profile 8B 1 compile_full 3 1 1
       traces+=(torchtitan=/tmp/titan-8B-b1-compile_full.json torchtitan-rank1=/tmp/titan-8B-b1-compile_full.rank1.json)
     fi

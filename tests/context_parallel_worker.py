@@ -9,6 +9,8 @@ import argparse
 import contextlib
 import copy
 import json
+import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -17,7 +19,7 @@ from llmfoundry_ext.data.collate import document_positions, next_token_labels
 from llmfoundry_ext.model.composer_model import token_mean_cross_entropy
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
-from llmfoundry_ext.parallelism import ContextParallel
+from llmfoundry_ext.parallelism import CONTEXT_PARALLEL_COMPILE_OPTIONS, ContextParallel
 
 SMALL = LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=512, vocab_size=1024, max_seq_len=131072,
                     rope_theta=500000.0, rope_scaling_factor=1.0, tie_embeddings=False)
@@ -54,6 +56,11 @@ def relative_difference(grads: dict, expected: dict) -> float:
     return (difference / sum(grad.norm() ** 2 for grad in expected.values()) ** 0.5).item()
 
 
+def progress(rank: int, done: str, started: float) -> None:
+    """A line on stderr as each part ends: a run cut by a time limit shows where it was."""
+    print(f'rank {rank}: {done} done at {time.perf_counter() - started:.1f} s', file=sys.stderr, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument('out')
@@ -74,14 +81,17 @@ def main():
     whole = Transformer(SMALL, KernelConfig(attn_impl=args.backend)).to(device)
     split = copy.deepcopy(whole)
     ContextParallel(2, args.backend, causal=True).apply(split)
-    if args.compile:
-        for model in (whole, split):
+    if args.compile:  # as parallelize compiles them
+        for model, options in ((whole, None), (split, CONTEXT_PARALLEL_COMPILE_OPTIONS)):
             for block in model.layers:
-                block.compile()
+                block.compile(options=options)
     data = batch(args.seq, args.documents, device)
+    started = time.perf_counter()
     with torch.set_grad_enabled(not args.forward_only):
         expected_loss, expected = loss_and_grads(whole, data, args.bf16)
+        progress(rank, 'the whole sequence', started)
         loss, grads = loss_and_grads(split, split.context_parallel.shard(data), args.bf16)
+        progress(rank, 'context parallel', started)
     dist.all_reduce(loss)
     for grad in grads.values():
         dist.all_reduce(grad)
