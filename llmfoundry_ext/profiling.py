@@ -6,6 +6,7 @@ import collections
 import gzip
 import json
 import re
+import statistics
 import traceback
 import warnings
 from dataclasses import dataclass
@@ -96,6 +97,40 @@ def write_timeline(summary: TraceSummary, path: str) -> None:
     events = [[index[name], stream, start, duration] for name, stream, start, duration in summary.device_events]
     with gzip.open(path, 'wt') as file:
         json.dump({'names': names, 'events': events}, file)
+
+
+def read_timeline(path: str) -> list[tuple[str, int, float, float]]:
+    """A ``write_timeline`` file's events: (name, stream, start us, duration us), by start."""
+    with gzip.open(path, 'rt') as file:
+        timeline = json.load(file)
+    return [(timeline['names'][i], stream, start, duration) for i, stream, start, duration in timeline['events']]
+
+
+def collective_stats(events: list[tuple[str, int, float, float]]) -> list[dict]:
+    """Each communication kernel on each stream: {stream, kernel, calls, total_ms, median_ms, max_ms}, most time
+    first. A kernel that waits for another rank lasts its transfer plus the wait: where ranks wait for each other
+    shows as a long median on one rank and a short one on the other."""
+    durations = collections.defaultdict(list)
+    for name, stream, _, duration in events:
+        if categorize(name) == 'communication':
+            durations[stream, name].append(duration / 1000)
+    rows = [{'stream': stream, 'kernel': name, 'calls': len(ms), 'total_ms': sum(ms),
+             'median_ms': statistics.median(ms), 'max_ms': max(ms)} for (stream, name), ms in durations.items()]
+    return sorted(rows, key=lambda row: -row['total_ms'])
+
+
+def interleave(timelines: dict[str, list], kernel: str, index: int, before_ms: float, after_ms: float,
+               shortest_ms: float = 0.3) -> list[tuple[str, int, float, float, str]]:
+    """The ranks' GPU work side by side, on their common clock (the ranks of one host share it), in the window
+    around the ``index``-th ``kernel`` of the first timeline: (name of the timeline, stream, start ms from the first
+    event of all, duration ms, kernel), by start; events shorter than ``shortest_ms`` left out."""
+    first = next(iter(timelines.values()))
+    at = [start for name, _, start, _ in first if kernel in name][index]
+    origin = min(events[0][2] for events in timelines.values())
+    rows = [(label, stream, (start - origin) / 1000, duration / 1000, name)
+            for label, events in timelines.items() for name, stream, start, duration in events
+            if at - before_ms * 1000 <= start <= at + after_ms * 1000 and duration >= shortest_ms * 1000]
+    return sorted(rows, key=lambda row: row[2])
 
 
 def read_trace(path: str) -> TraceSummary:

@@ -195,3 +195,33 @@ def test_sync_report_counts_each_call_site_of_its_batch(monkeypatch):
     assert lines[0] == 'host syncs in batch 1: 2'
     assert len(lines) == 2 and lines[1].startswith('   2x  item_on_the_host (test_profiling.py:')
     assert ' < test_sync_report_counts_each_call_site_of_its_batch (test_profiling.py:' in lines[1]
+
+
+def test_line_up_ranks_shows_which_rank_waited_at_which_collective(tmp_path, capsys):
+    """Rank 0's SendRecv lasts 50 ms (waiting for rank 1, whose GEMM ran before its SendRecv), rank 1's 1 ms; the
+    window around rank 0's first SendRecv interleaves both ranks' kernels on their common clock."""
+    from scripts.line_up_ranks import main
+
+    def timeline(name, kernels):
+        events = [{'ph': 'X', 'cat': 'user_annotation', 'name': 'ProfilerStep#0', 'ts': 0, 'dur': 1}]
+        events += [{'ph': 'X', 'cat': 'kernel', 'name': kernel, 'ts': ts, 'dur': dur, 'args': {'stream': stream}}
+                   for kernel, stream, ts, dur in kernels]
+        (tmp_path / f'{name}.json').write_text(json.dumps({'traceEvents': events}))
+        write_timeline(read_trace(str(tmp_path / f'{name}.json')), str(tmp_path / f'{name}.gz'))
+        return f'{name}={tmp_path / name}.gz'
+
+    rank0 = timeline('rank0', [('flash_bwd', 7, 1000, 100_000), ('ncclDevKernel_SendRecv', 17, 101_000, 50_000),
+                               ('ncclDevKernel_SendRecv', 17, 160_000, 1000)])
+    rank1 = timeline('rank1', [('flash_bwd', 7, 2000, 100_000), ('nvjet_gemm', 7, 102_000, 48_000),
+                               ('ncclDevKernel_SendRecv', 17, 150_000, 1000),
+                               ('ncclDevKernel_SendRecv', 17, 160_000, 1000)])
+    assert main([rank0, rank1, '--around', 'SendRecv', '--before', '1', '--after', '50']) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        'rank0: communication kernels per stream      calls   total ms  median ms     max ms',
+        '  stream 17   ncclDevKernel_SendRecv              2       51.0      25.50      50.00',
+        'rank1: communication kernels per stream      calls   total ms  median ms     max ms',
+        '  stream 17   ncclDevKernel_SendRecv              2        2.0       1.00       1.00',
+        '            stream    start ms       ms  kernel',
+        'rank0           17       100.0    50.00  ncclDevKernel_SendRecv',
+        'rank1            7       101.0    48.00  nvjet_gemm',
+        'rank1           17       149.0     1.00  ncclDevKernel_SendRecv']
