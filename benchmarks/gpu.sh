@@ -23,6 +23,7 @@
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
 #                                               and 1) profiled beside torchtitan's compile_full at CP 2, 131,072 tokens
+#                                               (OURS_ONLY=1: ours alone); GPU timelines in $OUT/timelines
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
 #                                               aside) to 10 steps, stopping after 5 with a checkpoint: run it twice,
