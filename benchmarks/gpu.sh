@@ -24,6 +24,8 @@
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
 #                                               and 1) profiled beside torchtitan's compile_full at CP 2, 131,072 tokens
 #                                               (OURS_ONLY=1: ours alone); GPU timelines in $OUT/timelines
+#   bash benchmarks/gpu.sh bench-long           2 GPUs: llama8b-131k.yaml (CP 2) beside torchtitan's compile_full at
+#                                               CP 2, 131,072 tokens: 4 timed steps after 2 each
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
 #                                               aside) to 10 steps, stopping after 5 with a checkpoint: run it twice,
@@ -183,6 +185,10 @@ case "${1:-}" in
     done
     python3 scripts/compare_profiles.py "${traces[@]}" --kernels 25 --gaps 8 --json "$OUT/profile-long.json" \
       --timelines "$OUT/timelines" ;;
+  bench-long)
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/bench-long.json" \
+      --row "ours yamls/llama8b-131k.yaml variables.init_from=null global_batch_size=$((GPUS / 2))" \
+      --row "titan torchtitan:compile_full FLAVOR=8B LBS=1 CP=2 SEQ=131072" --versus ours:titan ;;
   long-table)
     Y="yamls/llama8b-131k.yaml variables.init_from=null"
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \
