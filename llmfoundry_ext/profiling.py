@@ -16,6 +16,7 @@ from composer.core import Callback, State
 from composer.loggers import Logger
 
 CATEGORIES = (  # first match wins; names are lower-cased
+    ('memory copies', r'^triton_\w*(all_gather|reduce_scatter|all_reduce)'),  # compiled copy into a collective's buffer
     ('communication', r'nccl|rccl|all_?gather|reduce_?scatter|all_?reduce|broadcast|c10d'),
     ('attention', r'flash|fmha|attention|sdpa|cudnn.*mha|_efficient_attention|_flash_attention'),
     ('loss', r'cross_entropy|log_?softmax|nll_loss|softmax_backward'),

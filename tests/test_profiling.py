@@ -20,6 +20,7 @@ from tests.conftest import COMPOSER, REPO
     ('cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3', 'attention'),
     ('void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>', 'attention'),
     ('ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)', 'communication'),
+    ('triton_poi_fused__unsafe_view_all_gather_into_tensor_cat_clone_transpose_view_3', 'memory copies'),
     ('void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, at::native::'
      '(anonymous namespace)::LogSoftMaxForwardEpilogue>', 'loss'),
     ('void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>', 'elementwise'),
