@@ -61,10 +61,15 @@ def parallelize(transformer: Transformer, config: TrainConfig,
     for block in checkpointed_blocks(transformer, config):
         block.checkpointing = options
     if config.model.compile:
-        options = CONTEXT_PARALLEL_COMPILE_OPTIONS if context_parallel is not None else None
-        for block in transformer.layers:
-            block.compile(options=options)
+        compile_blocks(transformer, context_parallel)
     return callbacks
+
+
+def compile_blocks(transformer: Transformer, context_parallel: 'ContextParallel | None') -> None:
+    """torch.compile each block; under context parallelism without Inductor's peak-memory reordering (below)."""
+    options = CONTEXT_PARALLEL_COMPILE_OPTIONS if context_parallel is not None else None
+    for block in transformer.layers:
+        block.compile(options=options)
 
 
 # Inductor's peak-memory reordering is a heuristic on buffer sizes, and under context parallelism each rank's graph

@@ -80,7 +80,6 @@ GPU_EVENTS = ('kernel', 'gpu_memcpy', 'gpu_memset')  # Chrome-trace categories o
 class TraceSummary:
     """What a profiled stretch of training did on GPU 0, from its Chrome trace (ours or torchtitan's)."""
     kernels: dict[str, float]  # kernel name -> ms, summed over the profiled steps
-    calls: dict[str, int]  # kernel name -> launches, over the profiled steps
     busy_ms: float  # time at least one kernel or copy ran
     span_ms: float  # first GPU event's start to last one's end
     steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
@@ -140,7 +139,6 @@ def read_trace(path: str) -> TraceSummary:
         events = [e for e in json.load(file)['traceEvents'] if e.get('ph') == 'X']
     gpu = sorted((e for e in events if e.get('cat') in GPU_EVENTS), key=lambda e: e['ts'])
     kernels: dict[str, float] = collections.defaultdict(float)
-    calls = collections.Counter(event['name'] for event in gpu)
     busy, covered_to, last, gaps = 0.0, float('-inf'), None, []
     for event in gpu:
         kernels[event['name']] += event['dur'] / 1000
@@ -161,8 +159,7 @@ def read_trace(path: str) -> TraceSummary:
         gap['launched_in'] = launch_context(events, launch)
         gap['host_work'] = host_work(events, launch, idle_from, kernel['ts'])
     device_events = [(e['name'], e.get('args', {}).get('stream', e.get('tid')), e['ts'], e['dur']) for e in gpu]
-    return TraceSummary(dict(kernels), dict(calls), busy / 1000, span, len(steps), [gap for gap, *_ in gaps],
-                        device_events)
+    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, *_ in gaps], device_events)
 
 
 LAUNCH_EVENTS = ('cuda_runtime', 'cuda_driver')  # the CPU-side calls that launch GPU work
@@ -217,8 +214,9 @@ def compare_traces(summaries: dict[str, TraceSummary]) -> list[dict]:
 def top_kernels(summary: TraceSummary, count: int) -> list[dict]:
     """The ``count`` kernels with the most time per step: {kernel, category, ms, calls} (calls per step)."""
     ranked = sorted(summary.kernels.items(), key=lambda kernel: -kernel[1])[:count]
+    calls = collections.Counter(name for name, *_ in summary.device_events)
     return [{'kernel': name, 'category': categorize(name), 'ms': ms / summary.steps,
-             'calls': summary.calls[name] / summary.steps} for name, ms in ranked]
+             'calls': calls[name] / summary.steps} for name, ms in ranked]
 
 
 def format_comparison(rows: list[dict]) -> str:

@@ -19,7 +19,7 @@ from llmfoundry_ext.data.collate import document_positions, next_token_labels
 from llmfoundry_ext.model.composer_model import token_mean_cross_entropy
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
-from llmfoundry_ext.parallelism import CONTEXT_PARALLEL_COMPILE_OPTIONS, ContextParallel
+from llmfoundry_ext.parallelism import ContextParallel, compile_blocks
 
 SMALL = LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=512, vocab_size=1024, max_seq_len=131072,
                     rope_theta=500000.0, rope_scaling_factor=1.0, tie_embeddings=False)
@@ -80,11 +80,11 @@ def main():
     torch.manual_seed(0)
     whole = Transformer(SMALL, KernelConfig(attn_impl=args.backend)).to(device)
     split = copy.deepcopy(whole)
-    ContextParallel(2, args.backend, causal=True).apply(split)
-    if args.compile:  # as parallelize compiles them
-        for model, options in ((whole, None), (split, CONTEXT_PARALLEL_COMPILE_OPTIONS)):
-            for block in model.layers:
-                block.compile(options=options)
+    context_parallel = ContextParallel(2, args.backend, causal=True)
+    context_parallel.apply(split)
+    if args.compile:
+        compile_blocks(whole, None)
+        compile_blocks(split, context_parallel)
     data = batch(args.seq, args.documents, device)
     started = time.perf_counter()
     with torch.set_grad_enabled(not args.forward_only):

@@ -93,7 +93,8 @@ def test_read_trace_counts_overlapping_streams_once(tmp_path):
         ('gpu_memcpy', 'Memcpy HtoD', 8000, 1000), ('kernel', 'nvjet_gemm', 10000, 2000)])
     summary = read_trace(trace)
     assert summary.kernels == {'nvjet_gemm': 5.0, 'ncclDevKernel_AllGather': 4.0, 'Memcpy HtoD': 1.0}
-    assert summary.calls == {'nvjet_gemm': 2, 'ncclDevKernel_AllGather': 1, 'Memcpy HtoD': 1}
+    assert summary.device_events == [('nvjet_gemm', None, 1000, 3000), ('ncclDevKernel_AllGather', None, 2000, 4000),
+                                     ('Memcpy HtoD', None, 8000, 1000), ('nvjet_gemm', None, 10000, 2000)]
     assert (summary.busy_ms, summary.span_ms, summary.steps) == (8.0, 11.0, 2)
     assert summary.gaps == [
         {'ms': 2.0, 'after': 'ncclDevKernel_AllGather', 'before': 'Memcpy HtoD', 'launched_in': '', 'host_work': ''},
