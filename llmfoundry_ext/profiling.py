@@ -78,8 +78,7 @@ GPU_EVENTS = ('kernel', 'gpu_memcpy', 'gpu_memset')  # Chrome-trace categories o
 
 @dataclass
 class TraceSummary:
-    """What a profiled stretch of training did on GPU 0, from its Chrome trace (ours or torchtitan's)."""
-    kernels: dict[str, float]  # kernel name -> ms, summed over the profiled steps
+    """What a profiled stretch of training did on one GPU, from its Chrome trace (ours or torchtitan's)."""
     busy_ms: float  # time at least one kernel or copy ran
     span_ms: float  # first GPU event's start to last one's end
     steps: int  # profiled steps (the trace's ProfilerStep#N ranges)
@@ -87,6 +86,14 @@ class TraceSummary:
     #                   launched_in: the CPU ranges, outermost first, around the launch of the next one,
     #                   host_work: what that thread did during the stretch, longest first}
     device_events: list[tuple[str, int, float, float]]  # (name, stream, start us, duration us), by start
+
+    @property
+    def kernels(self) -> dict[str, float]:
+        """Kernel name -> ms, summed over the profiled steps."""
+        totals: dict[str, float] = collections.defaultdict(float)
+        for name, _, _, duration in self.device_events:
+            totals[name] += duration / 1000
+        return dict(totals)
 
 
 def write_timeline(summary: TraceSummary, path: str) -> None:
@@ -138,10 +145,8 @@ def read_trace(path: str) -> TraceSummary:
     with open(path) as file:
         events = [e for e in json.load(file)['traceEvents'] if e.get('ph') == 'X']
     gpu = sorted((e for e in events if e.get('cat') in GPU_EVENTS), key=lambda e: e['ts'])
-    kernels: dict[str, float] = collections.defaultdict(float)
     busy, covered_to, last, gaps = 0.0, float('-inf'), None, []
     for event in gpu:
-        kernels[event['name']] += event['dur'] / 1000
         start, end = event['ts'], event['ts'] + event['dur']
         busy += max(0.0, end - max(start, covered_to))
         if last is not None and start > covered_to:
@@ -159,7 +164,7 @@ def read_trace(path: str) -> TraceSummary:
         gap['launched_in'] = launch_context(events, launch)
         gap['host_work'] = host_work(events, launch, idle_from, kernel['ts'])
     device_events = [(e['name'], e.get('args', {}).get('stream', e.get('tid')), e['ts'], e['dur']) for e in gpu]
-    return TraceSummary(dict(kernels), busy / 1000, span, len(steps), [gap for gap, *_ in gaps], device_events)
+    return TraceSummary(busy / 1000, span, len(steps), [gap for gap, *_ in gaps], device_events)
 
 
 LAUNCH_EVENTS = ('cuda_runtime', 'cuda_driver')  # the CPU-side calls that launch GPU work
