@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
         summaries[name or path] = summary
         if args.timelines:
             os.makedirs(args.timelines, exist_ok=True)
-            write_timeline(summary, os.path.join(args.timelines, f'{name or "trace"}.timeline.json.gz'))
+            label = name or os.path.basename(path).removesuffix('.json')  # unnamed traces each get their own file
+            write_timeline(summary, os.path.join(args.timelines, f'{label}.timeline.json.gz'))
     rows = compare_traces(summaries)
     print(format_comparison(rows))
     print('steps: ' + ', '.join(f'{name} {s.steps}' for name, s in summaries.items()))

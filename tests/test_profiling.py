@@ -163,6 +163,9 @@ def test_compare_profiles_script(tmp_path, capsys):
                                                          '     3.00       1  GEMM           nvjet_gemm']
     assert main([f'ours={ours}', '--timelines', str(tmp_path / 'lines')]) == 0
     assert os.listdir(tmp_path / 'lines') == ['ours.timeline.json.gz']
+    other = write_trace(tmp_path / 'b.json', 1, [('kernel', 'flash_fwd', 0, 1000)])
+    assert main([str(ours), str(other), '--timelines', str(tmp_path / 'unnamed')]) == 0
+    assert sorted(os.listdir(tmp_path / 'unnamed')) == ['a.timeline.json.gz', 'b.timeline.json.gz']
     gapped = write_trace(tmp_path / 'g.json', 1, [('kernel', 'nvjet_gemm', 0, 1000),
                                                   ('kernel', 'flash_fwd', 3500, 10)])
     assert main([f'ours={gapped}', '--gaps', '1']) == 0
