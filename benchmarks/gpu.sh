@@ -19,6 +19,9 @@
 #                                               micro-batches of 1, no AC: ours beside transformers'
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
+#   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
+#                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise) on
+#                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -117,6 +120,20 @@ AC=parallelism.fsdp.activation_checkpointing
 declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8]="model.float8=true")
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
+L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false"
+declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L"
+                  [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
+                  [float8-rowwise]="ours-float8-rowwise $L model.float8=rowwise"
+                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null")
+
+learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
+  local seeds=$1 rows=() row; shift
+  for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
+  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
+    --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \
+    2>&1 | tee "$OUT/learning.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
+}
+
 bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only
   local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" rows=() mode
   for mode in $*; do
@@ -164,6 +181,7 @@ case "${1:-}" in
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
+  learning) shift; learning "$@" ;;
   attention)
     timeout 60 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
       --json "$OUT/attention-8192.json"

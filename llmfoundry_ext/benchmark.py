@@ -86,6 +86,20 @@ class StepTimer(Callback):
         return (self.end - self.start) / (self.batches - self.warmup)
 
 
+class LossRecorder(Callback):
+    """Every batch's training loss, kept on the device until the run ends (no host sync per step)."""
+
+    def __init__(self):
+        self.losses = []
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        loss = state.loss['total'] if isinstance(state.loss, dict) else state.loss
+        self.losses.append(loss.detach())
+
+    def values(self) -> list[float]:
+        return torch.stack(self.losses).float().tolist() if self.losses else []
+
+
 class HFCausalLM(ComposerModel):
     """transformers' model of our architecture's family with sdpa attention, each decoder layer its own FSDP2 unit;
     the loss as transformers trains it (with a mixture of experts, + router_aux_loss_coef x its aux loss)."""
@@ -120,7 +134,7 @@ class HFCausalLM(ComposerModel):
 HF_EXPERTS = {'hf': None, 'hf-loop': 'eager'}  # row model -> transformers' experts_implementation
 
 
-def prepare(row: Row, warmup: int, steps: int, mean_document_tokens: int, folder: str) -> str:
+def prepare(row: Row, folder: str, warmup: int, steps: int, mean_document_tokens: int) -> str:
     """The row's run YAML over random tokens in ``folder``, written once for all ranks (streaming refuses ranks
     of one node reading different folders); returns its path."""
     overrides = [*row.overrides, f'max_duration={warmup + steps}ba']
@@ -131,9 +145,9 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     """Train the prepared ``yaml`` (in this process group) and return the row's figures."""
     run = preflight.prepare(yaml)
     config = run.config
-    timer = StepTimer(warmup)
+    timer, recorder = StepTimer(warmup), LossRecorder()
     model = HFCausalLM(run.architecture, HF_EXPERTS[row.model]) if row.model in HF_EXPERTS else None
-    trainer = train(run, extra_callbacks=[timer], model=model)
+    trainer = train(run, extra_callbacks=[timer, recorder], model=model)
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
@@ -148,20 +162,20 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
-        'document_masking': config.data.document_masking, 'timed_steps': steps, **hf,
+        'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(), **hf,
     }
 
 
-def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, mean_document_tokens: int,
-            folder: str) -> dict:
-    """One row in its own processes: its figures, or the error it ended with."""
+def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
+    """One row in its own processes: its figures, or the error it ended with. ``prepare_yaml(row, folder)`` writes
+    an ours or hf row's run YAML into ``folder`` and returns its path; ``script`` is scripts/benchmark.py (its
+    ``--worker`` mode trains the row)."""
     os.makedirs(folder)
     if row.model == 'torchtitan':
         return run_torchtitan(row, gpus, warmup, steps, folder)
     out = os.path.join(folder, 'result.json')
     command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), script, '--worker',
-               row.text(),
-               '--worker-yaml', prepare(row, warmup, steps, mean_document_tokens, folder),
+               row.text(), '--worker-yaml', prepare_yaml(row, folder),
                '--warmup', str(warmup), '--steps', str(steps), '--json', out]
     print(f'--- {row.name}: {shlex.join(command[3:])}', flush=True)
     result = subprocess.run(command, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
@@ -196,6 +210,7 @@ def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) ->
         'tokens_per_second_per_gpu': tokens_per_gpu, 'mfu': statistics.mean(step['mfu'] for step in timed) / 100,
         'step_seconds': None, 'peak_allocated_gib': None,
         'peak_reserved_gib': max(step['mem_gib'] for step in timed), 'timed_steps': steps,
+        'losses': [step['loss'] for step in steps_logged],
     }
 
 

@@ -21,9 +21,12 @@ from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.model.attention import SDPA_KERNELS
 from llmfoundry_ext.model.families import FAMILIES, Family
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import weight_fields
+from llmfoundry_ext.model.llama import INIT_SCHEMES, weight_fields
 from llmfoundry_ext.model.mixtral import MixtralConfig
 from llmfoundry_ext.weights import family_of, read_weights_config
+
+
+FLOAT8_RECIPES = ('tensorwise', 'rowwise')  # torchao's Float8LinearRecipeName values we offer
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ModelConfig(KernelConfig):
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
+    float8_recipe: str = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
 
     def family_entry(self) -> Family:
         return FAMILIES[self.family]
@@ -223,8 +227,9 @@ def first_line(error: Exception) -> str:
 
 
 def apply_preset(raw: dict) -> None:
-    """Fill ``model`` with its family's preset architecture, then that of the ``model.init_from`` weights, under the
-    keys the YAML sets itself. The family is the YAML's, else that of the weights, else Llama."""
+    """Fill ``model`` with its family's preset architecture, then that of the ``model.init_from`` weights (and the gpt2
+    init scheme for what they lack), under the keys the YAML sets itself. The family is the YAML's, else that of the
+    weights, else Llama."""
     model = raw.get('model')
     if not isinstance(model, dict):
         return
@@ -239,7 +244,8 @@ def apply_preset(raw: dict) -> None:
         raise ConfigError(f"model.preset: unknown preset '{preset}' of family {family.name}; choose one of "
                           f"{', '.join(family.presets)}")
     from_weights = {} if weights is None else {
-        name: getattr(weights, name) for name in (*weight_fields(type(weights)), 'max_seq_len')}
+        **{name: getattr(weights, name) for name in (*weight_fields(type(weights)), 'max_seq_len')},
+        'init_scheme': 'gpt2'}  # fresh tensors beside trained ones (a new vocabulary) at their scale, not N(0, 1)
     raw['model'] = {**dataclasses.asdict(family.presets[preset]), **from_weights, 'family': family.name, **model}
 
 
@@ -389,6 +395,10 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
                           'the weights on the CPU and they are broadcast)')
     if model.sdpa_kernel not in SDPA_KERNELS:
         raise ConfigError(f"model.sdpa_kernel: '{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}")
+    if model.float8_recipe not in FLOAT8_RECIPES:
+        raise ConfigError(f"model.float8_recipe: '{model.float8_recipe}' is not one of {', '.join(FLOAT8_RECIPES)}")
+    if model.init_scheme not in INIT_SCHEMES:
+        raise ConfigError(f"model.init_scheme: '{model.init_scheme}' is not one of {', '.join(INIT_SCHEMES)}")
     if isinstance(model, MixtralConfig):
         check_experts(model)
 

@@ -53,9 +53,10 @@ def parallelize(transformer: Transformer, config: TrainConfig,
     if context_parallel is not None:
         context_parallel.apply(transformer)
     if config.model.float8:
-        sharded = config.parallelism.fsdp is not None and world_size() > 1
-        convert_to_float8(transformer, fp8_all_gather=sharded)
-        if sharded:
+        fp8_all_gather = (config.model.float8_recipe == 'tensorwise' and config.parallelism.fsdp is not None
+                          and world_size() > 1)
+        convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
+        if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
     options = checkpoint_options(config)
     for block in checkpointed_blocks(transformer, config):
@@ -138,15 +139,17 @@ def saved_ops() -> set:
     return ops | {getattr(higher_order, name) for name in SAVED_HIGHER_ORDER_OPS if hasattr(higher_order, name)}
 
 
-def convert_to_float8(transformer: Transformer, fp8_all_gather: bool) -> None:
-    """torchao's tensorwise float8 training for the blocks' linears; sharded over several GPUs, the weights are
-    all-gathered in float8 (half the bytes), with scales computed once per step by ``Float8ScalePrecompute``."""
+def convert_to_float8(transformer: Transformer, recipe: str, fp8_all_gather: bool) -> None:
+    """torchao's float8 training for the blocks' linears, by its ``recipe`` (tensorwise: one scale a tensor, cuBLAS;
+    rowwise: one a row, CUTLASS, power-of-2 scales). Tensorwise sharded over several GPUs all-gathers the weights in
+    float8 (half the bytes), with scales computed once per step by ``Float8ScalePrecompute``."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     layers = transformer.layers
     init_stds = {name: m.init_std for name, m in layers.named_modules() if hasattr(m, 'init_std')}
-    convert_to_float8_training(layers, config=Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_all_gather),
-                               module_filter_fn=float8_eligible)
+    config = (Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_all_gather) if recipe == 'tensorwise'
+              else Float8LinearConfig.from_recipe_name(recipe))
+    convert_to_float8_training(layers, config=config, module_filter_fn=float8_eligible)
     for name, std in init_stds.items():  # the swapped-in Float8Linear modules keep the depth-scaled init
         layers.get_submodule(name).init_std = std
 

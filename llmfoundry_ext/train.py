@@ -126,7 +126,7 @@ def start_summary(run: Run, trainer) -> str:
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}{context_parallel_layout(config)}, {describe_checkpointing(config)}, '
         f'compiled blocks {model.compile}, '
-        f"fused kernels {', '.join(model.fused_kernels) or 'none'}{', float8' if model.float8 else ''}",
+        f"fused kernels {', '.join(model.fused_kernels) or 'none'}{f', float8 {model.float8_recipe}' if model.float8 else ''}",
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),

@@ -15,12 +15,14 @@ Prints tokens/s per GPU, MFU, mean step time and peak memory per row against the
 first), each --versus pair's ratio, and writes them all as JSON.
 """
 import argparse
+import functools
 import json
 import os
 import sys
 import tempfile
 
-from llmfoundry_ext.benchmark import Row, comparisons, format_comparisons, format_table, measure, run_row
+from llmfoundry_ext.benchmark import (Row, comparisons, format_comparisons, format_table, measure, prepare,
+                                     run_row)
 
 
 def main(argv: list[str]) -> int:
@@ -44,8 +46,10 @@ def main(argv: list[str]) -> int:
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for i, row in enumerate(rows):
+            synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,
+                                          mean_document_tokens=args.mean_document_tokens)
             results.append(run_row(os.path.abspath(__file__), row, args.gpus, args.warmup, args.steps,
-                                   args.mean_document_tokens, os.path.join(folder, str(i))))
+                                   os.path.join(folder, str(i)), synthetic))
             print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
     compared = comparisons(results, args.versus)
     first = next((r for r in results if 'device' in r), None)

@@ -46,7 +46,8 @@ def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
 
 FAKE_TORCHTITAN = """
 import json, os, sys
-steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s} for s in range(1, int(os.environ['STEPS']) + 1)]
+steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s, 'loss': 10.0 / s}
+         for s in range(1, int(os.environ['STEPS']) + 1)]
 summary = {sys.argv[1]: {'rows': steps, 'flavor': os.environ['FLAVOR']}}
 json.dump(summary, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
 """
@@ -57,9 +58,10 @@ def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, mon
     script = tmp_path / 'run.sh'
     script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN}EOF\n")
     monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
-    result = benchmark.run_row('unused', Row.parse('tt torchtitan:compile FLAVOR=1B'), 2, 2, 3, 0,
-                               str(tmp_path / 'row'))
+    result = benchmark.run_row('unused', Row.parse('tt torchtitan:compile FLAVOR=1B'), 2, 2, 3, str(tmp_path / 'row'),
+                               prepare_yaml=None)
     assert result['tokens_per_second_per_gpu'] == pytest.approx(3 / (1 / 3000 + 1 / 4000 + 1 / 5000))
+    assert result['losses'] == [10.0 / step for step in range(1, 6)]
     assert (result['mfu'], result['peak_reserved_gib'], result['gpus']) == (0.5, 65.0, 2)
 
 
@@ -81,5 +83,6 @@ def test_rows_run_on_two_processes_over_one_data_folder_and_write_json(tmp_path)
     assert (masked['name'], masked['model'], masked['document_masking'], masked['gpus']) == ('masked', 'ours', True, 2)
     assert (hf['name'], hf['model'], hf['gpus']) == ('hf', 'hf', 2)
     assert masked['tokens_per_second_per_gpu'] > 0 and masked['mfu'] is None
+    assert len(masked['losses']) == len(hf['losses']) == 3 and all(loss > 0 for loss in masked['losses'])
     assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
     assert '\nmasked ' in run.stdout

@@ -36,6 +36,7 @@ class LlamaConfig:
     max_seq_len: int = field(default=131072, metadata={'weights': False})  # the RoPE range trained for
     tie_embeddings: bool = False
     causal: bool = field(default=True, metadata={'weights': False})  # False: bidirectional attention (masked LM)
+    init_scheme: str = field(default='torchtitan', metadata={'weights': False})  # fresh weights: INIT_SCHEMES
 
     @property
     def head_dim(self) -> int:
@@ -109,11 +110,28 @@ def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
 
 
 INIT_STD = 0.02
+# How fresh weights are drawn. torchtitan (v0.2.2's llama3 ``init_weights``, depth_init): token embeddings N(0, 1)
+# (untied), q/k/v/gate 0.02, o/down/up 0.02 / sqrt(2 (layer + 1)); gpt2 (GPT-2, OLMo's "scaled"): embeddings 0.02,
+# o/down 0.02 / sqrt(2 layers), the rest 0.02. Both: an untied output layer dim^-0.5, cut at 3 std. The learning
+# benchmark (README, Learning) measured gpt2's start 25-40 steps late against torchtitan's on the same tokens.
+INIT_SCHEMES = ('torchtitan', 'gpt2')
 
 
-def residual_init_std(config: LlamaConfig) -> float:
-    """Smaller init for the projections that write into the residual stream (GPT-2 / torchtitan)."""
-    return INIT_STD / math.sqrt(2 * config.n_layers)
+def residual_init_std(config: LlamaConfig, layer_id: int) -> float:
+    """Init std of the projections that write into the residual stream (attention's o, the feed-forward's down)."""
+    depth = layer_id + 1 if config.init_scheme == 'torchtitan' else config.n_layers
+    return INIT_STD / math.sqrt(2 * depth)
+
+
+def up_init_std(config: LlamaConfig, layer_id: int) -> float:
+    """Init std of SwiGLU's up projection: torchtitan scales it as the residual projections (its w3), gpt2 does not."""
+    return residual_init_std(config, layer_id) if config.init_scheme == 'torchtitan' else INIT_STD
+
+
+def embedding_init_std(config: LlamaConfig) -> float:
+    """Init std of the token embeddings: torchtitan's 1.0 unless tied to the output layer (whose logits it would
+    blow up), else 0.02."""
+    return 1.0 if config.init_scheme == 'torchtitan' and not config.tie_embeddings else INIT_STD
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +169,7 @@ class InnerAttention(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: LlamaConfig, kernels: KernelConfig):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         self.config, self.kernels = config, kernels
         kv_dim = config.n_kv_heads * config.head_dim
@@ -159,7 +177,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(config.dim, kv_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, kv_dim, bias=False)
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
-        self.o_proj.init_std = residual_init_std(config)
+        self.o_proj.init_std = residual_init_std(config, layer_id)
         self.inner_attention = InnerAttention()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
@@ -180,13 +198,14 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: LlamaConfig, kernels: KernelConfig):
+    def __init__(self, config: LlamaConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         self.fused_kernel = 'swiglu' in kernels.fused_kernels
         self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=False)
         self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=False)
-        self.down_proj.init_std = residual_init_std(config)
+        self.down_proj.init_std = residual_init_std(config, layer_id)
+        self.up_proj.init_std = up_init_std(config, layer_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_kernel:
@@ -205,9 +224,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.input_layernorm = make_norm(config, kernels)
-        self.self_attn = Attention(config, kernels)
+        self.self_attn = Attention(config, kernels, layer_id)
         self.post_attention_layernorm = make_norm(config, kernels)
-        self.mlp = self.feed_forward_class(config, kernels)
+        self.mlp = self.feed_forward_class(config, kernels, layer_id)
         self.checkpointing = None  # activation checkpointing: torch.utils.checkpoint's options (parallelism.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
@@ -309,9 +328,11 @@ class Transformer(nn.Module):
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=INIT_STD)
+            nn.init.normal_(module.weight, std=embedding_init_std(self.config))
         elif isinstance(module, nn.Linear) and module.weight is not self.embed_tokens.weight:
-            nn.init.trunc_normal_(module.weight, std=getattr(module, 'init_std', INIT_STD))
+            std = getattr(module, 'init_std', INIT_STD)
+            bound = 3 * std if module is self.lm_head else 2.0  # the output layer cut at 3 std, the rest at +-2
+            nn.init.trunc_normal_(module.weight, std=std, a=-bound, b=bound)
 
     def fsdp_wrap_fn(self, module: nn.Module) -> bool | dict:
         """Composer's FSDP2 units, torchtitan's layout: each block; and, unless tied, the embeddings and the output

@@ -12,7 +12,8 @@ from torch import nn
 
 from llmfoundry_ext.model import fused
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import INIT_STD, LlamaConfig, Transformer, TransformerBlock, residual_init_std
+from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, TransformerBlock, residual_init_std,
+                                        up_init_std)
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,13 @@ class GroupedExperts(nn.Module):
     """E SwiGLU experts, their weights stacked; each runs only on the tokens routed to it, all experts in one
     grouped GEMM per projection over the tokens sorted by expert (no loop over experts, no padding)."""
 
-    def __init__(self, config: MixtralConfig, kernels: KernelConfig):
+    def __init__(self, config: MixtralConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         experts, dim, width = config.n_experts, config.dim, config.ffn_dim
         self.w1 = nn.Parameter(torch.empty(experts, width, dim))  # gate
         self.w2 = nn.Parameter(torch.empty(experts, dim, width))  # down
         self.w3 = nn.Parameter(torch.empty(experts, width, dim))  # up
-        self.down_init_std = residual_init_std(config)
+        self.init_stds = {'w1': INIT_STD, 'w2': residual_init_std(config, layer_id), 'w3': up_init_std(config, layer_id)}
         self.fused_swiglu = 'swiglu' in kernels.fused_kernels
 
     def forward(self, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
@@ -68,8 +69,8 @@ class GroupedExperts(nn.Module):
         return torch.zeros_like(tokens).index_add_(0, token_of, out)
 
     def init_weights(self):
-        for weight, std in ((self.w1, INIT_STD), (self.w3, INIT_STD), (self.w2, self.down_init_std)):
-            nn.init.trunc_normal_(weight, std=std)
+        for name, std in self.init_stds.items():
+            nn.init.trunc_normal_(getattr(self, name), std=std)
 
 
 def times_chosen(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
@@ -81,11 +82,11 @@ class MoE(nn.Module):
     """Mixtral's sparse feed-forward: the router's softmax over all experts, the top k kept and renormalised
     (as transformers' MixtralSparseMoeBlock), and the router's statistics for the load-balancing loss."""
 
-    def __init__(self, config: MixtralConfig, kernels: KernelConfig):
+    def __init__(self, config: MixtralConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
         self.top_k = config.experts_per_token
         self.gate = nn.Linear(config.dim, config.n_experts, bias=False)
-        self.experts = GroupedExperts(config, kernels)
+        self.experts = GroupedExperts(config, kernels, layer_id)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, S, dim] -> (output [B, S, dim], router statistics [2, E]: times each expert was chosen, and the

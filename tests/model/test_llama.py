@@ -64,9 +64,27 @@ def test_sdpa_with_gqa_equals_eager_reference():
 def test_init_is_seeded_and_depth_scaled():
     first, second = model(seed=3), model(seed=3)
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
-    std = first.layers[0].mlp.down_proj.weight.std().item()
-    assert abs(std - 0.02 / math.sqrt(2 * TINY.n_layers)) < 0.002
     assert torch.equal(first.layers[1].input_layernorm.weight, torch.ones(64))
+
+
+@pytest.mark.parametrize('scheme, embedding, residual_depths, up_depths', [
+    ('torchtitan', 1.0, (1, 2), (1, 2)),   # o, down, up at 0.02 / sqrt(2 (layer + 1))
+    ('gpt2', 0.02, (2, 2), None),           # o, down at 0.02 / sqrt(2 layers); up 0.02
+])
+def test_init_schemes_draw_each_weight_at_its_std(scheme, embedding, residual_depths, up_depths):
+    wide = LlamaConfig(**{**TINY.__dict__, 'dim': 256, 'ffn_dim': 1024, 'init_scheme': scheme})
+    built = model(wide, seed=0)
+    assert built.embed_tokens.weight.std().item() == pytest.approx(embedding, rel=0.03)
+    assert built.lm_head.weight.std().item() == pytest.approx(256 ** -0.5, rel=0.03)
+    assert built.lm_head.weight.abs().max().item() <= 3 * 256 ** -0.5
+    for layer, depth in zip(built.layers, residual_depths):
+        residual = 0.02 / math.sqrt(2 * depth)
+        assert layer.self_attn.o_proj.weight.std().item() == pytest.approx(residual, rel=0.03)
+        assert layer.mlp.down_proj.weight.std().item() == pytest.approx(residual, rel=0.03)
+        assert layer.self_attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.03)
+        assert layer.mlp.gate_proj.weight.std().item() == pytest.approx(0.02, rel=0.03)
+    ups = [0.02 / math.sqrt(2 * depth) for depth in up_depths] if up_depths else [0.02] * 2
+    assert [layer.mlp.up_proj.weight.std().item() for layer in built.layers] == pytest.approx(ups, rel=0.03)
 
 
 def test_tied_output_shares_the_embedding():

@@ -50,7 +50,7 @@ def grouped_and_loop(device: str, dtype: torch.dtype):
     """Output and gradients (tokens, routing weights, w1, w2, w3) of the grouped experts and of the loop."""
     generator = torch.Generator().manual_seed(0)
     config = MixtralConfig(dim=64, ffn_dim=128, n_experts=8, experts_per_token=2, n_layers=2)
-    experts = GroupedExperts(config, KernelConfig())
+    experts = GroupedExperts(config, KernelConfig(), layer_id=0)
     experts.init_weights()
     experts.to(device=device, dtype=dtype)
     tokens = torch.randn(300, 64, generator=generator).to(device, dtype)
@@ -100,4 +100,7 @@ def test_experts_initialised_with_depth_scaled_down_projection():
     model.init_weights()
     experts = model.layers[0].mlp.experts
     assert experts.w1.std().item() == pytest.approx(0.02, rel=0.02)
-    assert experts.w2.std().item() == pytest.approx(0.02 / 4, rel=0.02)  # 0.02 / sqrt(2 x 8 layers)
+    assert experts.w2.std().item() == pytest.approx(0.02 / 2 ** 0.5, rel=0.02)  # torchtitan: 0.02 / sqrt(2 (0 + 1))
+    assert experts.w3.std().item() == pytest.approx(0.02 / 2 ** 0.5, rel=0.02)
+    deepest = model.layers[7].mlp.experts
+    assert deepest.w2.std().item() == pytest.approx(0.02 / 4, rel=0.02)   # 0.02 / sqrt(2 (7 + 1))

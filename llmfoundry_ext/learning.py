@@ -1,0 +1,285 @@
+"""The learning benchmark: our model, torchtitan and transformers' Llama trained on the same tokens of a real text
+with the same hyper-parameters, several seeds each; the mean loss of each window of steps side by side.
+
+The text is Python source (the machine's installed packages and standard library: tens of MB on any machine with
+PyTorch) cut into pieces of ``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
+test tokenizer (2,000 ids; BOS and EOS added as ids 2,002 and 2,003, as torchtitan loads it). torchtitan reads the
+JSON-lines file in order, each document between BOS and EOS, packed into sequences; ours reads the same documents,
+converted by ``data_prep/convert_to_mds.py``, in the same order (``shuffle: false``). Rows are the throughput
+benchmark's (``benchmark.Row``): ``NAME yamls/x.yaml overrides``, ``NAME hf:yamls/x.yaml ...``,
+``NAME torchtitan:SETTING ENV=...``. Every row gets ``Hyper``'s optimizer and schedule (torchtitan's AdamW with a
+linear warm-up and a linear decay to 0, clipping at 1.0).
+"""
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from llmfoundry_ext.benchmark import Row
+from llmfoundry_ext.config import read_yaml
+
+PIECE_CHARS = 2000
+BOS, EOS = '<|begin_of_text|>', '<|end_of_text|>'
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHTITAN_TOKENIZER = os.path.join(REPO, '.anchors', 'torchtitan', 'tests', 'assets', 'tokenizer', 'tokenizer.json')
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """What every row trains with: torchtitan's optimizer settings, its warm-up then linear decay to 0."""
+    steps: int = 500
+    lr: float = 3e-4
+    warmup: int = 20
+    betas: tuple = (0.9, 0.95)
+    weight_decay: float = 0.1
+    eps: float = 1e-8
+    clip: float = 1.0
+
+
+def source_pieces(roots: list[str], piece_chars: int = PIECE_CHARS) -> list[str]:
+    """Every ``*.py`` file under ``roots`` (sorted paths, undecodable files skipped) cut into pieces of
+    ``piece_chars`` characters; whitespace-only pieces dropped."""
+    pieces = []
+    for root in roots:
+        for folder, subfolders, files in os.walk(root):
+            subfolders.sort()
+            for name in sorted(files):
+                if not name.endswith('.py'):
+                    continue
+                try:
+                    with open(os.path.join(folder, name), encoding='utf-8') as file:
+                        text = file.read()
+                except (UnicodeDecodeError, OSError):
+                    continue
+                pieces += [text[i:i + piece_chars] for i in range(0, len(text), piece_chars)
+                           if text[i:i + piece_chars].strip()]
+    return pieces
+
+
+def write_corpus(roots: list[str], folder: str, max_megabytes: float, files: int, seed: int = 0) -> dict:
+    """The pieces of ``roots`` shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
+    ``{"text": ...}``: in ``files`` consecutive files ``part-NN.jsonl`` (the converter's parts, converted in parallel
+    and read back in this order) and all of them in ``all.jsonl`` (torchtitan's input). Returns their description."""
+    pieces = source_pieces(roots)
+    random.Random(seed).shuffle(pieces)
+    lines, size = [], 0
+    for piece in pieces:
+        line = json.dumps({'text': piece}) + '\n'
+        size += len(line.encode())
+        if size > max_megabytes * 1e6:
+            break
+        lines.append(line)
+    os.makedirs(folder, exist_ok=True)
+    per_file = -(-len(lines) // files)
+    for index in range(files):
+        with open(os.path.join(folder, f'part-{index:02d}.jsonl'), 'w') as file:
+            file.writelines(lines[index * per_file:(index + 1) * per_file])
+    with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
+        file.writelines(lines)
+    return {'roots': roots, 'documents': len(lines), 'megabytes': sum(len(line.encode()) for line in lines) / 1e6,
+            'seed': seed, 'piece_chars': PIECE_CHARS}
+
+
+def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:
+    """torchtitan's test tokenizer with its BOS and EOS added after the vocabulary (ids 2,002 and 2,003), as its
+    loader adds them; returns the folder holding the tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(source)
+    tokenizer.add_special_tokens([BOS, EOS])
+    os.makedirs(folder, exist_ok=True)
+    tokenizer.save(os.path.join(folder, 'tokenizer.json'))
+    return folder
+
+
+def convert_corpus(corpus: str, tokenizer: str, window: int, out: str, processes: int) -> dict:
+    """``data_prep/convert_to_mds.py`` on the corpus's parts; returns its manifest's train figures."""
+    command = [sys.executable, os.path.join(REPO, 'data_prep', 'convert_to_mds.py'),
+               '--source', f'jsonl:{corpus}/part-*.jsonl', '--tokenizer', tokenizer, '--concat-tokens', str(window),
+               '--out', out, '--processes', str(processes), '--bos-token', BOS, '--eos-token', EOS]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    if result.returncode != 0:
+        raise RuntimeError(f'converting the corpus failed: {result.stderr.strip().splitlines()[-1]}')
+    return json.loads(result.stdout.strip().splitlines()[-1])['train']
+
+
+def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper, seed: int) -> str:
+    """An ours or hf row's YAML: the row's YAML and overrides, reading ``data`` in order, with ``hyper``'s
+    optimizer, schedule and clipping and ``seed``; no evaluation, checkpoints or loggers. Returns its path."""
+    raw = read_yaml(row.source, row.overrides)
+    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={},
+               checkpoint={'save_folder': None, 'autoresume': False},
+               optimizer={'name': 'adamw', 'fused': True, 'lr': hyper.lr, 'betas': list(hyper.betas),
+                          'eps': hyper.eps, 'weight_decay': hyper.weight_decay},
+               scheduler={'name': 'linear_with_warmup', 't_warmup': f'{hyper.warmup}ba', 'alpha_f': 0.0},
+               algorithms={**(raw.get('algorithms') or {}),
+                           'gradient_clipping': {'clipping_type': 'norm', 'clipping_threshold': hyper.clip}},
+               callbacks={name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'})
+    raw['data'] = {**{key: value for key, value in raw.get('data', {}).items() if key not in ('train', 'eval')},
+                   'tokenizer': tokenizer,
+                   'eos_token': EOS, 'train': {'streams': {'text': {'local': data}}, 'shuffle': False,
+                                               'num_canonical_nodes': 1, 'num_workers': 0}}  # in order
+    path = os.path.join(folder, 'run.yaml')
+    OmegaConf.save(raw, path)
+    return path
+
+
+def torchtitan_row(row: Row, hyper: Hyper, seed: int, corpus: str) -> Row:
+    """The torchtitan row with ``hyper`` and ``seed`` in its environment (``.anchors/run.sh``'s LR, WARMUP, SEED,
+    DATA_JSON, and a time limit of 2 s a step; STEPS is set by the runner)."""
+    env = [f'LR={hyper.lr}', f'WARMUP={hyper.warmup}', f'SEED={seed}', f'DATA_JSON={corpus}/all.jsonl',
+           f'TT_TIMEOUT={120 + 2 * hyper.steps}']
+    return Row(row.name, row.source, [*row.overrides, *env], row.model)
+
+
+def window_means(losses: list[float], width: int) -> list[float]:
+    """The mean loss of steps 1-width, width+1-2 width, ... (a last, partial window is left out)."""
+    return [statistics.fmean(losses[start:start + width]) for start in range(0, len(losses) - width + 1, width)]
+
+
+def summarize(results: list[dict], width: int) -> dict:
+    """Per row name: each seed's window means, their mean over seeds, the smallest and largest."""
+    by_name = {}
+    for result in results:
+        if 'error' not in result:
+            by_name.setdefault(result['name'], []).append(window_means(result['losses'], width))
+    summary = {}
+    for name, seeds in by_name.items():
+        windows = list(zip(*seeds))
+        summary[name] = {'seeds': len(seeds), 'mean': [statistics.fmean(w) for w in windows],
+                         'low': [min(w) for w in windows], 'high': [max(w) for w in windows]}
+    return summary
+
+
+def verdict(summary: dict, ours: str, theirs: str, width: int, from_step: int, tolerance: float) -> dict:
+    """Whether ``ours``' mean over seeds is within ``tolerance`` (relative) of ``theirs`` in every window from
+    ``from_step`` on, and at most theirs in the last window."""
+    mine, reference = summary[ours]['mean'], summary[theirs]['mean']
+    windows = range(from_step // width, min(len(mine), len(reference)))
+    failing = [(index + 1) * width for index in windows if mine[index] > reference[index] * (1 + tolerance)]
+    last = len(mine) - 1
+    return {'ours': ours, 'theirs': theirs, 'windows_over': failing, 'final_ours': mine[last],
+            'final_theirs': reference[last], 'holds': not failing and mine[last] <= reference[last]}
+
+
+def format_windows(summary: dict, width: int) -> str:
+    """One line per window: each row's mean over seeds and, with several seeds, their range."""
+    names = list(summary)
+    lines = ['steps      ' + ''.join(f'{name:>22}' for name in names)]
+    for index in range(max(len(entry['mean']) for entry in summary.values())):
+        cells = []
+        for name in names:
+            entry = summary[name]
+            if index >= len(entry['mean']):
+                cells.append(f"{'-':>22}")
+                continue
+            spread = f" ({entry['low'][index]:.3f}-{entry['high'][index]:.3f})" if entry['seeds'] > 1 else ''
+            cells.append(f"{entry['mean'][index]:.3f}{spread}".rjust(22))
+        lines.append(f'{index * width + 1:>4}-{(index + 1) * width:<6}' + ''.join(cells))
+    return '\n'.join(lines)
+
+
+BENCHMARK_SCRIPT = os.path.join(REPO, 'scripts', 'benchmark.py')  # its --worker mode trains an ours or hf row
+
+
+@dataclass
+class Plan:
+    """What one benchmark run trains: the rows, each on ``seeds`` (``single_seed`` rows on the first only)."""
+    rows: list[Row]
+    seeds: list[int]
+    single_seed: tuple = ()
+    hyper: Hyper = Hyper()
+    width: int = 50
+    gpus: int = 1
+
+    def runs(self) -> list[tuple[int, Row]]:
+        """(seed, row) in the order they train: seed by seed, so a run cut short has every row's first seeds."""
+        return [(seed, row) for index, seed in enumerate(self.seeds) for row in self.rows
+                if index == 0 or row.name not in self.single_seed]
+
+
+def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: int, processes: int) -> dict:
+    """The corpus, the tokenizer and our MDS shards of it under ``work``; returns where they are and their sizes."""
+    corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, files=max(processes, 1))
+    tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'))
+    converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'), processes)
+    return {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
+            'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],
+            'roots': roots}
+
+
+def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str) -> dict:
+    """One row on one seed, in its own processes (``benchmark.run_row``): its per-step losses and tokens/s."""
+    from llmfoundry_ext.benchmark import run_row
+
+    warmup = min(5, plan.hyper.steps - 1)
+    if row.model == 'torchtitan':
+        row = torchtitan_row(row, plan.hyper, seed, data['corpus'])
+    result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder,
+                     lambda row, folder: our_run_yaml(row, folder, data['mds'], data['tokenizer'], plan.hyper, seed))
+    return {**result, 'seed': seed}
+
+
+def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None) -> dict:
+    """Train every (seed, row), then print the window table and each ``OURS:THEIRS`` verdict; the JSON is rewritten
+    after every row, so a run cut short keeps what finished."""
+    results = []
+    for seed, row in plan.runs():
+        folder = os.path.join(work, 'rows', f'{row.name}-seed{seed}')
+        shutil.rmtree(folder, ignore_errors=True)
+        result = train_row(plan, row, seed, data, folder)
+        results.append(result)
+        last = statistics.fmean(result['losses'][-plan.width:]) if 'losses' in result else None
+        print(f'=== {row.name} seed {seed}: ' + (f"last {plan.width} steps {last:.4f}, "
+              f"{result['tokens_per_second_per_gpu']:,.0f} tokens/s/GPU" if last else result.get('error', '')),
+              flush=True)
+        report = build_report(plan.hyper, plan.width, data, results, versus)
+        if json_path:
+            with open(json_path, 'w') as file:
+                json.dump(report, file, indent=1)
+    print_report(report)
+    return report
+
+
+def merge_reports(paths: list[str], versus: list[str]) -> dict:
+    """One report from the rows of several saved ones (runs split over machines or calls), which must share their
+    hyper-parameters and window."""
+    reports = []
+    for path in paths:
+        with open(path) as file:
+            reports.append(json.load(file))
+    first = reports[0]
+    for path, report in zip(paths, reports):
+        if (report['hyper'], report['width']) != (first['hyper'], first['width']):
+            raise ValueError(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
+                             f"{first['hyper']}, window {first['width']}")
+    rows = [row for report in reports for row in report['rows']]
+    return build_report(Hyper(**{**first['hyper'], 'betas': tuple(first['hyper']['betas'])}), first['width'],
+                        first['data'], rows, versus)
+
+
+def print_report(report: dict) -> None:
+    """The window table and each verdict."""
+    print(format_windows(report['summary'], report['width']))
+    for compared in report['verdicts']:
+        over = compared['windows_over']
+        print(f"{compared['ours']} vs {compared['theirs']}: {'holds' if compared['holds'] else 'does not hold'} "
+              f"(windows from step {FROM_STEP} over theirs + {TOLERANCE:.0%}: {over or 'none'}; last window "
+              f"{compared['final_ours']:.4f} vs {compared['final_theirs']:.4f})")
+
+
+FROM_STEP, TOLERANCE = 100, 0.01  # the verdict: every window from step 100 on within 1 % of theirs
+
+
+def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], versus: list[str]) -> dict:
+    summary = summarize(results, width)
+    verdicts = [verdict(summary, *pair.split(':'), width, FROM_STEP, TOLERANCE) for pair in versus
+                if all(name in summary for name in pair.split(':'))]
+    return {'hyper': vars(hyper) | {'betas': list(hyper.betas)}, 'width': width, 'data': data,
+            'rows': results, 'summary': summary, 'verdicts': verdicts}
