@@ -123,8 +123,9 @@ declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [fl
 L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false"
 declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
-                  [float8-rowwise]="ours-float8-rowwise $L model.float8=rowwise"
-                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null")
+                  [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
+                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null" [rope8]="ours-rope8 $L model.rope_scaling_factor=8"
+                  [matched]="ours-matched $L model.rope_scaling_factor=8 parallelism.fsdp=null model.fused_kernels=[]")
 
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row; shift

@@ -204,10 +204,13 @@ class Plan:
                 if index == 0 or row.name not in self.single_seed]
 
 
-def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: int, processes: int) -> dict:
+def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: int, processes: int,
+                 tokenizer_source: str = TORCHTITAN_TOKENIZER) -> dict:
     """The corpus, the tokenizer and our MDS shards of it under ``work``; returns where they are and their sizes."""
+    if not os.path.isfile(tokenizer_source):
+        raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
     corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, files=max(processes, 1))
-    tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'))
+    tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'), tokenizer_source)
     converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'), processes)
     return {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
             'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],

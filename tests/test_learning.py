@@ -1,0 +1,131 @@
+"""The learning benchmark: window means and verdicts, the corpus, the rows' YAML reading the shards in order, and a
+whole run of an ours row beside a stand-in torchtitan on two CPU steps."""
+import json
+import os
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from llmfoundry_ext import benchmark, learning
+from llmfoundry_ext.benchmark import Row
+from llmfoundry_ext.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, torchtitan_row, verdict,
+                                     window_means, write_corpus)
+
+SOURCE = 'def add(a, b):\n    """Add two numbers."""\n    return a + b\n\n'
+
+
+def test_windows_average_each_seed_then_the_seeds():
+    assert window_means([4.0, 2.0, 3.0, 1.0, 9.0], 2) == [3.0, 2.0]  # the partial last window is left out
+    results = [{'name': 'ours', 'losses': [4.0, 2.0, 3.0, 1.0]}, {'name': 'ours', 'losses': [2.0, 2.0, 1.0, 1.0]},
+               {'name': 'titan', 'losses': [3.0, 3.0, 1.0, 1.0]}, {'name': 'broken', 'error': 'exit status 1'}]
+    assert summarize(results, 2) == {
+        'ours': {'seeds': 2, 'mean': [2.5, 1.5], 'low': [2.0, 1.0], 'high': [3.0, 2.0]},
+        'titan': {'seeds': 1, 'mean': [3.0, 1.0], 'low': [3.0, 1.0], 'high': [3.0, 1.0]}}
+
+
+def test_verdict_names_every_window_over_the_tolerance_from_the_first_step_counted():
+    summary = {'ours': {'mean': [9.0, 2.02, 2.03, 1.5]}, 'titan': {'mean': [1.0, 2.0, 2.0, 1.5]}}
+    assert verdict(summary, 'ours', 'titan', 50, 50, 0.01) == {
+        'ours': 'ours', 'theirs': 'titan', 'windows_over': [150], 'final_ours': 1.5, 'final_theirs': 1.5,
+        'holds': False}
+    summary['ours']['mean'][2] = 2.02  # 1 % over: within
+    assert verdict(summary, 'ours', 'titan', 50, 50, 0.01)['holds']
+    summary['ours']['mean'][3] = 1.5001  # the last window must not be above
+    assert not verdict(summary, 'ours', 'titan', 50, 50, 0.01)['holds']
+
+
+def source_tree(root) -> str:
+    for index in range(3):
+        os.makedirs(root / f'pkg{index}', exist_ok=True)
+        (root / f'pkg{index}' / 'module.py').write_text(f'# file {index}\n' + SOURCE * (30 + 20 * index))
+    (root / 'pkg0' / 'notes.txt').write_text('not python')
+    return str(root)
+
+
+def test_corpus_is_shuffled_pieces_in_consecutive_parts_and_one_whole_file(tmp_path):
+    roots = [source_tree(tmp_path / 'src')]
+    described = write_corpus(roots, str(tmp_path / 'a'), 1.0, files=2, seed=0)
+    pieces = [json.loads(line)['text'] for line in open(tmp_path / 'a' / 'all.jsonl')]
+    parts = [json.loads(line)['text'] for name in ('part-00.jsonl', 'part-01.jsonl')
+             for line in open(tmp_path / 'a' / name)]
+    whole = sorted(learning.source_pieces(roots))
+    assert parts == pieces and sorted(pieces) == whole and described['documents'] == len(whole) == 6  # 1 + 2 + 3 pieces
+    assert max(len(piece) for piece in pieces) == learning.PIECE_CHARS
+    write_corpus(roots, str(tmp_path / 'b'), 1.0, files=2, seed=0)
+    assert open(tmp_path / 'b' / 'all.jsonl').read() == open(tmp_path / 'a' / 'all.jsonl').read()
+    write_corpus(roots, str(tmp_path / 'c'), 1.0, files=2, seed=1)
+    assert open(tmp_path / 'c' / 'all.jsonl').read() != open(tmp_path / 'a' / 'all.jsonl').read()
+    assert write_corpus(roots, str(tmp_path / 'd'), 0.005, files=1)['documents'] == 2  # cut at 5,000 bytes
+
+
+def small_tokenizer(folder) -> str:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.train_from_iterator([SOURCE * 10], trainers.BpeTrainer(
+        vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    os.makedirs(folder)
+    path = os.path.join(folder, 'tokenizer.json')
+    tokenizer.save(path)
+    return path
+
+
+@pytest.fixture(scope='module')
+def learning_data(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp('learning')
+    return prepare_data(str(root / 'work'), [source_tree(root / 'src')], 1.0, 64, 2,
+                        small_tokenizer(str(root / 'source-tokenizer')))
+
+
+SMALL = ('max_seq_len=64 global_batch_size=2 device_microbatch_size=2 precision=fp32 model.n_layers=2 '
+         'model.vocab_size=512 parallelism.fsdp=null')
+
+
+def test_our_rows_read_the_shards_in_order_with_the_benchmarks_optimizer(learning_data, tmp_path, launched_alone):
+    from llmfoundry_ext.build import build_collator
+    from llmfoundry_ext.data.dataloader import build_dataloader
+    from llmfoundry_ext.preflight import prepare
+
+    hyper = Hyper(steps=7, lr=1e-3, warmup=2)
+    yaml = our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), learning_data['mds'],
+                        learning_data['tokenizer'], hyper, seed=5)
+    run = prepare(yaml)
+    config = run.config
+    assert (config.seed, config.max_duration, config.data.eval, config.checkpoint.save_folder) == (5, '7ba', None, None)
+    assert config.optimizer == {'name': 'adamw', 'fused': True, 'lr': 1e-3, 'betas': [0.9, 0.95], 'eps': 1e-8,
+                                'weight_decay': 0.1}
+    assert config.scheduler == {'name': 'linear_with_warmup', 't_warmup': '2ba', 'alpha_f': 0.0}
+    assert config.algorithms['gradient_clipping'] == {'clipping_type': 'norm', 'clipping_threshold': 1.0}
+    loader = build_dataloader(config.data.train, config.device_batch_size, build_collator(run))
+    batches = [batch['sample_ids'].tolist() for batch, _ in zip(loader.dataloader, range(3))]
+    assert batches == [[0, 1], [2, 3], [4, 5]]
+
+
+FAKE_TORCHTITAN = """
+import json, os, sys
+env = {key: os.environ[key] for key in ('LR', 'WARMUP', 'SEED', 'DATA_JSON', 'STEPS', 'TT_TIMEOUT', 'FLAVOR')}
+steps = [{'step': s, 'tps': 1000, 'mfu': 50.0, 'mem_gib': 60.0, 'loss': 9.0 - s} for s in range(1, int(env['STEPS']) + 1)]
+json.dump({sys.argv[1]: {'rows': steps}}, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
+json.dump(env, open(os.environ['OUT'] + '/env.json', 'w'))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_a_run_trains_each_row_on_each_seed_and_writes_the_table(learning_data, tmp_path, monkeypatch, capsys):
+    script = tmp_path / 'run.sh'
+    script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN}EOF\n")
+    monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    plan = Plan([Row.parse(f'ours yamls/demo.yaml {SMALL}'), Row.parse('titan torchtitan:compile FLAVOR=1B')],
+                seeds=[1, 2], single_seed=('ours',), hyper=Hyper(steps=4, lr=1e-3, warmup=1), width=2)
+    assert [(seed, row.name) for seed, row in plan.runs()] == [(1, 'ours'), (1, 'titan'), (2, 'titan')]
+    report = learning.run(plan, learning_data, str(tmp_path / 'work'), ['ours:titan'], str(tmp_path / 'out.json'))
+    ours, titan_1, titan_2 = report['rows']
+    assert len(ours['losses']) == 4 and ours['seed'] == 1 and ours['tokens_per_second_per_gpu'] > 0
+    assert titan_2['losses'] == [8.0, 7.0, 6.0, 5.0] and titan_2['seed'] == 2
+    env = json.load(open(tmp_path / 'work' / 'rows' / 'titan-seed2' / 'env.json'))
+    assert env == {'LR': '0.001', 'WARMUP': '1', 'SEED': '2', 'DATA_JSON': f"{learning_data['corpus']}/all.jsonl",
+                   'STEPS': '4', 'TT_TIMEOUT': '128', 'FLAVOR': '1B'}
+    assert report['summary']['titan'] == {'seeds': 2, 'mean': [7.5, 5.5], 'low': [7.5, 5.5], 'high': [7.5, 5.5]}
+    assert json.load(open(tmp_path / 'out.json'))['summary'] == report['summary']
+    printed = capsys.readouterr().out
+    assert '   1-2     ' in printed and 'ours vs titan: ' in printed
