@@ -5,7 +5,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 INSTALLED := $(VENV)/.installed-$(shell cat setup.py overrides.txt | cksum | cut -d' ' -f1)
 RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1
 
-.PHONY: install demo test test-gpu clean-demo
+.PHONY: install demo test test-newest test-gpu clean-demo
 
 install: $(INSTALLED)
 
@@ -24,6 +24,22 @@ demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, au
 
 test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU), two tests at a time (pytest-xdist)
 	$(RUN) $(BIN)/python -m pytest -q -n 2 tests
+
+# The same suite on the newest torch/torchvision pair the registry has (overrides-newest.txt), in a venv of its own;
+# CI runs both. A new release is picked up by a fresh venv (CI's, or after rm -r .venv-newest).
+NEWEST := .venv-newest
+NEWEST_INSTALLED := $(NEWEST)/.installed-$(shell cat setup.py overrides-newest.txt | cksum | cut -d' ' -f1)
+
+$(NEWEST_INSTALLED): setup.py overrides-newest.txt
+	$(PYTHON) -m venv $(NEWEST)
+	$(NEWEST)/bin/python -m pip install -q --no-cache-dir --upgrade pip uv
+	$(NEWEST)/bin/uv pip install -q --no-cache --compile-bytecode --python $(NEWEST)/bin/python \
+	  --override overrides-newest.txt -e '.[dev]'
+	rm -f $(NEWEST)/.installed-* && touch $@
+
+test-newest: $(NEWEST_INSTALLED)  ## the CPU suite on the newest torch (prints the versions it ran)
+	$(NEWEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
+	PATH=$(CURDIR)/$(NEWEST)/bin:$$PATH OMP_NUM_THREADS=1 $(NEWEST)/bin/python -m pytest -q -n 2 tests
 
 # On the GPU machines, with their own torch and the carried wheels: make test-gpu TEST_PYTHON=python3
 TEST_PYTHON ?= $(BIN)/python
