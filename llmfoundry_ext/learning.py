@@ -111,7 +111,8 @@ def convert_corpus(corpus: str, tokenizer: str, window: int, out: str, processes
 
 def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper, seed: int) -> str:
     """An ours or hf row's YAML: the row's YAML and overrides, reading ``data`` in order, with ``hyper``'s
-    optimizer, schedule and clipping and ``seed``; no evaluation, checkpoints or loggers. Returns its path."""
+    optimizer, schedule and clipping (but where the row's own overrides set them: the change under test) and
+    ``seed``; no evaluation, checkpoints or loggers. Returns its path."""
     raw = read_yaml(row.source, row.overrides)
     raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={},
                checkpoint={'save_folder': None, 'autoresume': False},
@@ -125,8 +126,9 @@ def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper,
                    'tokenizer': tokenizer,
                    'eos_token': EOS, 'train': {'streams': {'text': {'local': data}}, 'shuffle': False,
                                                'num_canonical_nodes': 1, 'num_workers': 0}}  # in order
+    training = [item for item in row.overrides if item.split('.')[0] in ('optimizer', 'scheduler', 'algorithms')]
     path = os.path.join(folder, 'run.yaml')
-    OmegaConf.save(raw, path)
+    OmegaConf.save(OmegaConf.merge(raw, OmegaConf.from_dotlist(training)), path)
     return path
 
 

@@ -86,13 +86,13 @@ def test_our_rows_read_the_shards_in_order_with_the_benchmarks_optimizer(learnin
     from llmfoundry_ext.preflight import prepare
 
     hyper = Hyper(steps=7, lr=1e-3, warmup=2)
-    yaml = our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), learning_data['mds'],
-                        learning_data['tokenizer'], hyper, seed=5)
+    yaml = our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL} optimizer.weight_decay=0.0'), str(tmp_path),
+                        learning_data['mds'], learning_data['tokenizer'], hyper, seed=5)
     run = prepare(yaml)
     config = run.config
     assert (config.seed, config.max_duration, config.data.eval, config.checkpoint.save_folder) == (5, '7ba', None, None)
     assert config.optimizer == {'name': 'adamw', 'fused': True, 'lr': 1e-3, 'betas': [0.9, 0.95], 'eps': 1e-8,
-                                'weight_decay': 0.1}
+                                'weight_decay': 0.0}  # the row's own override: the change it measures
     assert config.scheduler == {'name': 'linear_with_warmup', 't_warmup': '2ba', 'alpha_f': 0.0}
     assert config.algorithms['gradient_clipping'] == {'clipping_type': 'norm', 'clipping_threshold': 1.0}
     loader = build_dataloader(config.data.train, config.device_batch_size, build_collator(run))
