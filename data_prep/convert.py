@@ -3,7 +3,10 @@
 Each input file is one part, converted by one worker into ``<out>/<split>/part-NNNNN/`` (written as
 ``.partial`` and renamed when complete, with its ``part.json``). A re-run skips finished parts and redoes
 unfinished ones, so an interrupted conversion ends with the same token stream as an uninterrupted one.
-``<out>/<split>/index.json`` (merged over the parts, in part order) and ``<out>/manifest.json`` are written last.
+``<out>/<split>/index.json`` (merged over the parts, in part order) and ``<out>/manifest.json`` are written last,
+once every part exists. Across nodes, node R of N converts parts R, R + N, ... into the same output folder; whichever
+node finds every part done writes the index and manifest (the same bytes from any node), so a half-converted output
+has no index and is never read as complete.
 """
 import hashlib
 import itertools
@@ -129,8 +132,11 @@ def start_output_folder(out: str, tokenizer_sha: str, files: list[str], descript
 
 
 def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max_docs: int | None = None,
-            description: dict | None = None, progress: bool = True, threads: int | None = None) -> dict:
-    """Convert every part not yet done, merge the indexes, write manifest.json; returns the manifest.
+            description: dict | None = None, progress: bool = True, threads: int | None = None,
+            nodes: int = 1, node_rank: int | None = 0) -> dict | None:
+    """Convert this node's parts (``node_rank::nodes`` of the sorted input files; none for ``node_rank`` None) not
+    yet done; then, if every node's parts exist, merge the indexes and write manifest.json. Returns the manifest, or
+    None while other nodes' parts are missing.
 
     Each worker process tokenizes with ``threads`` threads (default: the cores divided among the processes)."""
     from tqdm import tqdm
@@ -144,9 +150,10 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     sha = file_sha256(job.tokenizer_file)
     files = job.source.files()
     start_output_folder(job.out, sha, files, description or {})
-    todo = [(index, file) for index, file in enumerate(files) if not part_done(job.out, index)]
+    mine = [(index, file) for index, file in enumerate(files) if node_rank is not None and index % nodes == node_rank]
+    todo = [(index, file) for index, file in mine if not part_done(job.out, index)]
     start, tokens, documents = time.monotonic(), 0, 0
-    bar = tqdm(total=len(files), initial=len(files) - len(todo), unit='part', disable=not progress)
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), unit='part', disable=not (progress and mine))
     threads = threads or max(1, usable_cores() // processes)
     arguments = [(job, index, file, eos_token, bos_token, max_docs) for index, file in todo]
     with worker_pool(processes, threads) as pool:
@@ -166,7 +173,17 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
             for future in futures:  # after an error, parts not yet started are not started
                 future.cancel()
     bar.close()
-    return write_manifest(job, files, sha, description or {})
+    return finalize(job, files, sha, description or {})
+
+
+def missing_parts(out: str, parts: int) -> list[int]:
+    return [index for index in range(parts) if not part_done(out, index)]
+
+
+def finalize(job: Job, files: list[str], sha: str, description: dict) -> dict | None:
+    """The indexes and the manifest once every part exists (each file written atomically, the same bytes whichever
+    node writes them, so two nodes finishing together are safe); None while a part is missing."""
+    return None if missing_parts(job.out, len(files)) else write_manifest(job, files, sha, description)
 
 
 def usable_cores() -> int:

@@ -8,12 +8,15 @@ finemath:<config>, stack-v2 (smol-ids rows; contents from s3://softwareheritage,
 environment), parquet:<glob>, jsonl:<glob>. --input is the folder `huggingface-cli download` filled;
 without it, zyda2 and finemath stream from the hub.
 Re-run the same command after an interruption: finished parts are kept, the others redone.
+Across nodes: --nodes N --node-rank R (default: Slurm's array task or node of the job) converts input files R::N
+into the same --out; the node that finds every part done writes the index and manifest (or --finalize, after).
 """
 import argparse
 import json
+import os
 import sys
 
-from data_prep.convert import Job, convert, resolve_tokenizer, usable_cores
+from data_prep.convert import Job, convert, missing_parts, resolve_tokenizer, usable_cores
 from data_prep.sources import SourceError, parse_source
 from llmfoundry_ext.cli import ArgumentParser, fraction, positive_int, unwritable_reason
 
@@ -34,7 +37,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--eos-token', help="default: the tokenizer's own, else <|end_of_text|>")
     parser.add_argument('--bos-token', help="default: the tokenizer's own; '' for none")
     parser.add_argument('--s3-endpoint', help='an S3-compatible endpoint for stack-v2 contents')
+    parser.add_argument('--nodes', type=positive_int, help='nodes converting into --out (default: Slurm\'s, else 1)')
+    parser.add_argument('--node-rank', type=int, help='this node, 0..nodes-1 (default: Slurm\'s, else 0)')
+    parser.add_argument('--finalize', action='store_true', help='convert nothing: write the index and manifest '
+                        'once every node\'s parts are done')
     args = parser.parse_args(argv)
+    nodes, node_rank = node_placement(args.nodes, args.node_rank, os.environ)
+    if not 0 <= node_rank < nodes:
+        parser.error(f'--node-rank {node_rank} is not in 0..{nodes - 1} (--nodes {nodes})')
     try:
         if reason := unwritable_reason(args.out):
             raise SourceError(f'--out {args.out}: {reason}; choose a folder you can write')
@@ -43,7 +53,17 @@ def main(argv: list[str]) -> int:
         job = Job(source, tokenizer_file, args.concat_tokens, args.val_fraction, args.out)
         manifest = convert(job, args.processes, args.eos_token or eos or '<|end_of_text|>',
                            bos if args.bos_token is None else (args.bos_token or None), args.max_docs,
-                           {'source': args.source, 'input': args.input, 'max_docs': args.max_docs})
+                           {'source': args.source, 'input': args.input, 'max_docs': args.max_docs},
+                           nodes=nodes, node_rank=None if args.finalize else node_rank)
+        if manifest is None:
+            missing = missing_parts(args.out, len(source.files()))
+            if args.finalize:
+                raise SourceError(f'--finalize: {len(missing)} parts are not converted yet (of nodes '
+                                  f'{", ".join(map(str, sorted({index % nodes for index in missing})))} of {nodes}); '
+                                  f'run those nodes\' commands first')
+            print(f'node {node_rank} of {nodes}: its parts are converted; {len(missing)} parts of other nodes are '
+                  f'not yet: the last node to finish writes the index and manifest (or --finalize then)')
+            return 0
     except SourceError as error:
         print(f'error: {error}', file=sys.stderr)
         return 2
@@ -53,6 +73,19 @@ def main(argv: list[str]) -> int:
         return 2
     print(json.dumps({split: manifest[split] for split in ('train', 'val')} | {'skipped': manifest['skipped']}))
     return 0
+
+
+def node_placement(nodes: int | None, node_rank: int | None, environment: dict) -> tuple[int, int]:
+    """(nodes, this node's rank): as given, else a Slurm array job's task count and index, else a Slurm job's node
+    count and node, else one node."""
+    if 'SLURM_ARRAY_TASK_COUNT' in environment:
+        slurm = (int(environment['SLURM_ARRAY_TASK_COUNT']),
+                 int(environment['SLURM_ARRAY_TASK_ID']) - int(environment.get('SLURM_ARRAY_TASK_MIN', 0)))
+    elif 'SLURM_NNODES' in environment:
+        slurm = int(environment['SLURM_NNODES']), int(environment.get('SLURM_NODEID', 0))
+    else:
+        slurm = 1, 0
+    return nodes or slurm[0], slurm[1] if node_rank is None else node_rank
 
 
 if __name__ == '__main__':

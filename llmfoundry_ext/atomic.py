@@ -1,6 +1,7 @@
 """Folders that appear whole or not at all: shards and checkpoints are never visible half-written."""
 import os
 import shutil
+import uuid
 from contextlib import contextmanager
 
 
@@ -16,7 +17,9 @@ def atomic_folder(out: str):
 
 
 def write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or the new file."""
-    with open(path + '.tmp', 'w') as file:
+    """Write ``text`` to ``path`` through a temporary file of this writer's own and a rename: readers see the old or
+    the new file, and two writers of the same file (nodes finishing a conversion together) never share a temporary."""
+    temporary = f'{path}.{uuid.uuid4().hex}.tmp'
+    with open(temporary, 'w') as file:
         file.write(text)
-    os.replace(path + '.tmp', path)
+    os.replace(temporary, path)

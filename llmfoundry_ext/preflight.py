@@ -219,6 +219,9 @@ def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
         raise ConfigError(f'{key}: {index_file} or its manifest is unreadable ({first_line(error)}); re-convert '
                           f'the stream with data_prep/convert_to_mds.py') from None
     window = manifest.get('window')
+    if not sum(shard.get('samples', 0) for shard in shards):
+        raise ConfigError(f'{key}: {folder} holds no samples (its documents filled no window of '
+                          f'{window or max_seq_len} tokens); convert more data into it or leave the stream out')
     if window is not None and window < max_seq_len:
         raise ConfigError(f'{key}: its windows have {window} tokens, fewer than max_seq_len {max_seq_len}; set '
                           f'max_seq_len={window} or re-convert with --concat-tokens {max_seq_len}')

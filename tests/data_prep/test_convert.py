@@ -13,10 +13,13 @@ import pytest
 from streaming import StreamingDataset
 
 from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
+from data_prep.convert_to_mds import node_placement
 from data_prep.packing import pack
 from data_prep.sources import SourceError, parse_source
 from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from llmfoundry_ext.data.mds import file_sha256
+from llmfoundry_ext.errors import ConfigError
+from llmfoundry_ext.preflight import check_local_stream
 from tests.conftest import REPO
 from tests.data_prep.test_sources import write_parquet
 
@@ -105,12 +108,13 @@ def write_jsonl_parts(folder, count: int, documents: int) -> None:
                 file.write(json.dumps({'text': sentence(rng), 'id': f'{part}-{i}'}) + '\n')
 
 
-def run_cli(tmp_path, out, tokenizer_file) -> subprocess.Popen:
+def run_cli(tmp_path, out, tokenizer_file, *extra, output=subprocess.DEVNULL) -> subprocess.Popen:
     command = [sys.executable, 'data_prep/convert_to_mds.py', '--source', f'jsonl:{tmp_path}/in/*.jsonl',
                '--id-column', 'id', '--tokenizer', tokenizer_file, '--concat-tokens', '64', '--out', out,
-               '--processes', '1', '--val-fraction', '0.1', '--eos-token', EOS, '--bos-token', BOS]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+               '--processes', '1', '--val-fraction', '0.1', '--eos-token', EOS, '--bos-token', BOS, *extra]
+    environment = {name: value for name, value in os.environ.items() if not name.startswith('SLURM_')}
+    return subprocess.Popen(command, cwd=REPO, stdout=output, stderr=output, start_new_session=True, text=True,
+                            env=environment)
 
 
 def finished_parts(out) -> int:
@@ -152,6 +156,59 @@ def test_five_kills_at_random_points_then_a_rerun_give_the_same_bytes(tmp_path, 
     assert finished_parts(out) >= 5  # each run finished a part before its kill
     assert run_cli(tmp_path, out, tokenizer_file).wait(timeout=600) == 0
     assert tree_digest(out) == tree_digest(tmp_path / 'whole')
+
+
+@pytest.mark.timeout(900)
+def test_three_nodes_one_killed_mid_part_give_the_one_node_bytes(tmp_path, tokenizer_file):
+    """Nodes 0 and 2 of 3 finish first: no index, so the half-converted output is refused for training and by
+    --finalize; node 1 is killed inside its second part and re-run, finds every part done and writes the index and
+    manifest: every file equals a one-node conversion's."""
+    write_jsonl_parts(tmp_path / 'in', count=12, documents=1500)
+    assert run_cli(tmp_path, str(tmp_path / 'whole'), tokenizer_file).wait(timeout=600) == 0
+    out = str(tmp_path / 'nodes')
+    for rank in (0, 2):
+        node = run_cli(tmp_path, out, tokenizer_file, '--nodes', '3', '--node-rank', str(rank), output=subprocess.PIPE)
+        assert node.wait(timeout=600) == 0
+        assert node.stdout.read().strip().splitlines()[-1] == (
+            f'node {rank} of 3: its parts are converted; {8 if rank == 0 else 4} parts of other nodes are not yet: the '
+            f'last node to finish writes the index and manifest (or --finalize then)')
+    assert finished_parts(out) == 8 and not os.path.exists(os.path.join(out, 'train', 'index.json'))
+    with pytest.raises(ConfigError) as refused:
+        check_local_stream(os.path.join(out, 'train'), 'data.train.streams.code.local', 64)
+    assert str(refused.value).startswith('data.train.streams.code.local: no MDS dataset at ')
+    early = run_cli(tmp_path, out, tokenizer_file, '--nodes', '3', '--finalize', output=subprocess.PIPE)
+    assert early.wait(timeout=600) == 2
+    assert early.stderr.read().strip() == ('error: --finalize: 4 parts are not converted yet (of nodes 1 of 3); run '
+                                           "those nodes' commands first")
+    kill_inside_the_next_part(run_cli(tmp_path, out, tokenizer_file, '--nodes', '3', '--node-rank', '1'), out,
+                              np.random.default_rng(0))
+    assert not os.path.exists(os.path.join(out, 'manifest.json'))
+    assert run_cli(tmp_path, out, tokenizer_file, '--nodes', '3', '--node-rank', '1').wait(timeout=600) == 0
+    assert tree_digest(out) == tree_digest(tmp_path / 'whole')
+    assert run_cli(tmp_path, out, tokenizer_file, '--nodes', '3', '--finalize').wait(timeout=600) == 0
+    assert tree_digest(out) == tree_digest(tmp_path / 'whole')  # finalizing again writes the same bytes
+
+
+@pytest.mark.parametrize('environment, given, placement', [
+    ({}, (None, None), (1, 0)),
+    ({'SLURM_NNODES': '4', 'SLURM_NODEID': '2'}, (None, None), (4, 2)),
+    ({'SLURM_ARRAY_TASK_COUNT': '8', 'SLURM_ARRAY_TASK_ID': '6', 'SLURM_ARRAY_TASK_MIN': '1',
+      'SLURM_NNODES': '1', 'SLURM_NODEID': '0'}, (None, None), (8, 5)),   # an array job of one-node tasks
+    ({'SLURM_NNODES': '4', 'SLURM_NODEID': '2'}, (3, 1), (3, 1)),       # given beats Slurm's
+])
+def test_node_placement_comes_from_the_arguments_then_slurm(environment, given, placement):
+    assert node_placement(*given, environment) == placement
+
+
+def test_a_stream_whose_documents_fill_no_window_is_one_line(tmp_path, tokenizer_file):
+    os.makedirs(tmp_path / 'in')
+    (tmp_path / 'in' / 'short.jsonl').write_text(json.dumps({'text': 'too short', 'id': '0'}) + '\n')
+    assert run_cli(tmp_path, str(tmp_path / 'out'), tokenizer_file).wait(timeout=600) == 0
+    with pytest.raises(ConfigError) as refused:
+        check_local_stream(str(tmp_path / 'out' / 'train'), 'data.train.streams.code.local', 64)
+    assert str(refused.value) == (f"data.train.streams.code.local: {tmp_path / 'out' / 'train'} holds no samples (its "
+                                  f'documents filled no window of 64 tokens); convert more data into it or leave the '
+                                  f'stream out')
 
 
 def test_the_cli_prints_one_line_and_no_traceback(tmp_path, tokenizer_file):

@@ -20,7 +20,7 @@ STUBS = {
 }
 
 
-@pytest.mark.parametrize('script', ['nvidia.sbatch', 'frontier.sbatch', 'launch.sh'])
+@pytest.mark.parametrize('script', ['nvidia.sbatch', 'frontier.sbatch', 'launch.sh', 'convert.sbatch'])
 def test_scripts_parse(script):
     assert subprocess.run(['bash', '-n', os.path.join(SLURM, script)]).returncode == 0
 
