@@ -114,10 +114,13 @@ def merge_index(out: str, split: str, parts: int) -> int:
     return sum(shard['samples'] for shard in shards)
 
 
+CONVERSION = 'conversion.json'  # what the output folder is a conversion of: tokenizer, input files, arguments
+
+
 def start_output_folder(out: str, tokenizer_sha: str, files: list[str], description: dict) -> None:
     """Record what this conversion is; an output folder started with another tokenizer or other input files
     is refused (mixing them would corrupt the data or misnumber the parts)."""
-    path = os.path.join(out, 'conversion.json')
+    path = os.path.join(out, CONVERSION)
     if os.path.isfile(path):
         with open(path) as file:
             previous = json.load(file)
@@ -176,14 +179,18 @@ def convert(job: Job, processes: int, eos_token: str, bos_token: str | None, max
     return finalize(job, files, sha, description or {})
 
 
-def missing_parts(out: str, parts: int) -> list[int]:
+def missing_parts(out: str) -> list[int]:
+    """The parts of the conversion started in ``out`` (its input files, as ``conversion.json`` records them) that no
+    node has finished yet."""
+    with open(os.path.join(out, CONVERSION)) as file:
+        parts = len(json.load(file)['files'])
     return [index for index in range(parts) if not part_done(out, index)]
 
 
 def finalize(job: Job, files: list[str], sha: str, description: dict) -> dict | None:
     """The indexes and the manifest once every part exists (each file written atomically, the same bytes whichever
     node writes them, so two nodes finishing together are safe); None while a part is missing."""
-    return None if missing_parts(job.out, len(files)) else write_manifest(job, files, sha, description)
+    return None if missing_parts(job.out) else write_manifest(job, files, sha, description)
 
 
 def usable_cores() -> int:

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
                            {'source': args.source, 'input': args.input, 'max_docs': args.max_docs},
                            nodes=nodes, node_rank=None if args.finalize else node_rank)
         if manifest is None:
-            missing = missing_parts(args.out, len(source.files()))
+            missing = missing_parts(args.out)
             if args.finalize:
                 raise SourceError(f'--finalize: {len(missing)} parts are not converted yet (of nodes '
                                   f'{", ".join(map(str, sorted({index % nodes for index in missing})))} of {nodes}); '

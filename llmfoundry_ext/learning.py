@@ -1,14 +1,13 @@
 """The learning benchmark: our model, torchtitan and transformers' Llama trained on the same tokens of a real text
 with the same hyper-parameters, several seeds each; the mean loss of each window of steps side by side.
 
-The text is Python source (the machine's installed packages and standard library: tens of MB on any machine with
-PyTorch) cut into pieces of ``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
+The text is Python source (the machine's installed packages: tens of MB on any machine with PyTorch) cut into pieces of ``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
 test tokenizer (2,000 ids; BOS and EOS added as ids 2,002 and 2,003, as torchtitan loads it). torchtitan reads the
 JSON-lines file in order, each document between BOS and EOS, packed into sequences; ours reads the same documents,
 converted by ``data_prep/convert_to_mds.py``, in the same order (``shuffle: false``). Rows are the throughput
 benchmark's (``benchmark.Row``): ``NAME yamls/x.yaml overrides``, ``NAME hf:yamls/x.yaml ...``,
 ``NAME torchtitan:SETTING ENV=...``. Every row gets ``Hyper``'s optimizer and schedule (torchtitan's AdamW with a
-linear warm-up and a linear decay to 0, clipping at 1.0).
+linear warm-up and a linear decay to 0, clipping at 1.0), but where an ours or hf row's own overrides set them.
 """
 import json
 import os
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.benchmark import Row
+from llmfoundry_ext.benchmark import Row, run_row
 from llmfoundry_ext.config import read_yaml
 
 PIECE_CHARS = 2000
@@ -71,10 +70,10 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, files: int
     lines, size = [], 0
     for piece in pieces:
         line = json.dumps({'text': piece}) + '\n'
-        size += len(line.encode())
-        if size > max_megabytes * 1e6:
+        if size + len(line.encode()) > max_megabytes * 1e6:
             break
         lines.append(line)
+        size += len(line.encode())
     os.makedirs(folder, exist_ok=True)
     per_file = -(-len(lines) // files)
     for index in range(files):
@@ -82,8 +81,7 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, files: int
             file.writelines(lines[index * per_file:(index + 1) * per_file])
     with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
         file.writelines(lines)
-    return {'roots': roots, 'documents': len(lines), 'megabytes': sum(len(line.encode()) for line in lines) / 1e6,
-            'seed': seed, 'piece_chars': PIECE_CHARS}
+    return {'roots': roots, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed, 'piece_chars': PIECE_CHARS}
 
 
 def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:
@@ -221,8 +219,6 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: i
 
 def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str) -> dict:
     """One row on one seed, in its own processes (``benchmark.run_row``): its per-step losses and tokens/s."""
-    from llmfoundry_ext.benchmark import run_row
-
     warmup = min(5, plan.hyper.steps - 1)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data['corpus'])
