@@ -64,7 +64,9 @@ def console_options(config: TrainConfig) -> dict:
 
 def build_loggers(config: TrainConfig) -> list:
     line = [ConsoleLine(config.log_interval)] if config.console == 'line' else []
-    return build_named('loggers', config.loggers, logger_defaults(config)) + line
+    checkpoints = config.checkpoint.save_interval if config.checkpoint.save_folder else None
+    return [StopOnNonFiniteLoss(config.log_interval, checkpoints),
+            *build_named('loggers', config.loggers, logger_defaults(config)), *line]
 
 
 def build_collator(run: Run) -> Collator:
@@ -109,7 +111,7 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=composer_parallelism(config),
-        callbacks=[StopOnNonFiniteLoss(), *build_named('callbacks', config.callbacks), *parallelism_callbacks,
+        callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks,
                    *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),
         loggers=build_loggers(config),

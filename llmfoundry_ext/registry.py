@@ -1,5 +1,6 @@
 """YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours
-(gradient_clipping: Composer's, folded into a fused optimizer's step).
+(gradient_clipping: Composer's, folded into a fused optimizer's step; speed_monitor and tensorboard: Composer's,
+without a host sync a batch).
 
 A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
 misspelt name or argument is one line naming it and the nearest valid choice.
@@ -10,14 +11,16 @@ import torch
 from composer import algorithms, callbacks, loggers, optim
 
 from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
+from llmfoundry_ext.callbacks.speed_monitor import SpeedMonitor
 from llmfoundry_ext.callbacks.step_monitor import StepMonitor
 from llmfoundry_ext.callbacks.stop_after import StopAfter
+from llmfoundry_ext.callbacks.tensorboard import TensorboardLogger
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.config import suggest
 from llmfoundry_ext.errors import ConfigError
 
 CALLBACKS = {
-    'speed_monitor': callbacks.SpeedMonitor,
+    'speed_monitor': SpeedMonitor,
     'lr_monitor': callbacks.LRMonitor,
     'memory_monitor': callbacks.MemoryMonitor,
     'memory_snapshot': callbacks.MemorySnapshot,
@@ -40,7 +43,7 @@ ALGORITHMS = {
     'seq_length_warmup': algorithms.SeqLengthWarmup,
 }
 LOGGERS = {
-    'tensorboard': loggers.TensorboardLogger,
+    'tensorboard': TensorboardLogger,
     'wandb': loggers.WandBLogger,
     'mlflow': loggers.MLFlowLogger,
     'file': loggers.FileLogger,

@@ -1,13 +1,41 @@
-"""Composer's Trainer, its optimizer stepped after the backward instead of from inside a closure."""
+"""Composer's Trainer without its host syncs per batch: the optimizer stepped after the backward instead of from
+inside a closure, the training loss logged as a device tensor, and the sample and token counts of one process kept
+on the host."""
+import datetime
+
 import composer
+from composer.utils import dist
 
 
 class Trainer(composer.Trainer):
-    """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the precision
-    is amp_fp16, and the closure returns ``loss.item()``: the host waits for the backward to end before it starts the
-    optimizer step, and the GPU idles while the host dispatches it (5-7 ms a step of the 8B on 2 H200s: fused AdamW
-    over FSDP2's DTensors; ``scripts/profile_run.py --syncs``). Stepped after the backward, the host is far ahead
-    of the GPU by then. A closure is for optimizers that re-evaluate the loss (LBFGS, SAM); none is offered."""
+    """Each host sync at a batch's end idles the GPU while the host logs, loads the next batch and dispatches its
+    forward; with none, the host runs a step ahead and those costs overlap the GPU's work
+    (``scripts/profile_run.py --syncs`` lists what is left)."""
 
     def _use_closures(self) -> bool:
+        """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the
+        precision is amp_fp16, and the closure returns ``loss.item()``: the GPU idled 5-7 ms a step of the 8B on 2
+        H200s while the host then dispatched fused AdamW over FSDP2's DTensors. A closure is for optimizers that
+        re-evaluate the loss (LBFGS, SAM); none is offered."""
         return False
+
+    def _train_batch(self, use_grad_scaling: bool) -> dict:
+        """Log the batch's losses (the mean over the ranks) as device tensors and hand Composer none: its loop
+        reads each back with ``.item()`` every batch. A logger reads them when it writes them (the console line at
+        its interval, TensorBoard at its flush); ``StopOnNonFiniteLoss`` checks them before each checkpoint."""
+        losses = super()._train_batch(use_grad_scaling)
+        if losses is None:  # amp_fp16: the grad scaler skipped the step
+            return losses
+        for loss in losses.values():
+            dist.all_reduce(loss)  # on the device; a no-op on one process
+        world = dist.get_world_size()
+        self.logger.log_metrics({key: (loss / world).squeeze().detach() for key, loss in losses.items()})
+        return {}
+
+    def _accumulate_time_across_ranks(self, num_samples, num_tokens: int,
+                                      batch_time: datetime.timedelta) -> tuple[int, int, datetime.timedelta]:
+        """One process: its own counts, without Composer's round trip through the GPU (three reads back)."""
+        if dist.get_world_size() > 1:
+            return super()._accumulate_time_across_ranks(num_samples, num_tokens, batch_time)
+        return int(num_samples), int(num_tokens), batch_time
+

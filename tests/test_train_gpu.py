@@ -73,3 +73,21 @@ def test_gpu_metrics_reach_tensorboard(tiny_config, tmp_path):
     assert 'throughput/device/mfu' in tags and 'time/step_seconds' in tags
     assert any(tag.startswith('memory/') and 'peak' in tag for tag in tags)
     assert any('gpu_percentage' in tag for tag in tags)
+
+
+def test_a_training_batch_syncs_the_host_only_for_composers_batch_size(tiny_config, tmp_path):
+    """The shipped callbacks, console line and TensorBoard: no read-back of the loss, the counts or the FLOPs;
+    what is left is Composer's batch size before the forward (its ``_train_microbatches``)."""
+    from llmfoundry_ext.profiling import SyncReport
+
+    tiny_config.update(precision='amp_bf16', max_duration='6ba', log_interval='10ba', callbacks={
+        'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {}, 'runtime_estimator': {},
+        'stop_after': {'minutes': 60}})
+    tiny_config['model']['compile'] = True
+    tiny_config['optimizer'] = {'name': 'adamw', 'fused': True, 'lr': 1e-3}  # the shipped YAMLs' (Composer's
+    tiny_config.pop('loggers', None)                                         # DecoupledAdamW reads back per tensor)
+    syncs = SyncReport(batch=4)
+    train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')), extra_callbacks=[syncs]).close()
+    print(syncs.report())
+    assert [site.split(' ')[0] for site in syncs.sites] == ['_train_microbatches']
+    assert sum(syncs.sites.values()) == 1

@@ -34,11 +34,14 @@ class StopAfter(Callback):
             state.stop_training()
 
     def limit_reached(self, state: State) -> bool:
-        """The same answer on every rank (time-based stops are agreed on by an all-reduce)."""
+        """The same answer on every rank (time-based stops are agreed on by an all-reduce: a host sync a batch
+        on several processes, none on one)."""
         if self.batches is not None and self.batches_done >= self.batches:
             return True
         if self.minutes is None:
             return False
+        if dist.get_world_size() == 1:
+            return time.monotonic() - self.start >= 60 * self.minutes
         over_time = state.device.tensor_to_device(
             torch.tensor([time.monotonic() - self.start >= 60 * self.minutes], dtype=torch.int32))
         dist.all_reduce(over_time, reduce_operation='MAX')

@@ -70,8 +70,8 @@ class LanguageModel(ComposerModel):
             for logits_part, labels_part in zip(logits.split(METRIC_TOKENS, 1), labels.split(METRIC_TOKENS, 1)):
                 metric.update(logits_part, labels_part)
 
-    def flops_per_batch(self, batch: dict) -> int:
-        """Training FLOPs of this rank's share of the batch (SpeedMonitor sums the ranks' and turns it into MFU):
+    def rank_flops(self, batch: dict) -> int:
+        """Training FLOPs of this rank's share of the batch (our SpeedMonitor sums the ranks' into MFU):
         under context parallelism every rank of a group is given the group's whole batch and computes 1/degree."""
         context_parallel = self.model.context_parallel
         return batch_flops(self.config, batch) // (context_parallel.degree if context_parallel else 1)
