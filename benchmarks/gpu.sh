@@ -7,6 +7,9 @@
 #                                               with 2 layers: 20 steps and a sharded checkpoint each
 #   bash benchmarks/gpu.sh bench-1b [out.json]  one H100: 1B at local batch 2 and 4 beside torchtitan, HF, and the
 #                                               loss compiled instead of liger's
+#   bash benchmarks/gpu.sh speed-1b [REPEATS]  one H100: yamls/llama1b.yaml as shipped beside torchtitan compile at local
+#                                               batch 2 and 4, each pair REPEATS times (default 1): the spread
+#   bash benchmarks/gpu.sh syncs-1b             one H100: where a batch of yamls/llama1b.yaml (local batch 2) syncs
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
 #   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
@@ -21,7 +24,8 @@
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise) on
-#                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps
+#                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
+#                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -131,6 +135,7 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
   local seeds=$1 rows=() row; shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
+    ${SHARED_INIT:+--shared-init $SHARED_INIT} \
     --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/learning.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
 }
@@ -173,6 +178,17 @@ case "${1:-}" in
       --row "ours-b4-compiled-ce $Y global_batch_size=4 model.fused_kernels=[]" \
       --versus ours-b2:titan-b2 --versus ours-b4:titan-b4 --versus ours-b2-compiled-ce:titan-b2 \
       --versus ours-b4-compiled-ce:titan-b4 ;;
+  speed-1b)  # [repeats]: ours as shipped beside torchtitan compile at local batch 2 and 4, each pair REPEATS times
+    Y=yamls/llama1b.yaml rows=()
+    for i in $(seq "${2:-1}"); do
+      rows+=(--row "ours-b2-$i $Y global_batch_size=2 device_microbatch_size=2" --versus "ours-b2-$i:titan-b2-$i"
+             --row "titan-b2-$i torchtitan:compile FLAVOR=1B LBS=2" --row "ours-b4-$i $Y global_batch_size=4"
+             --row "titan-b4-$i torchtitan:compile FLAVOR=1B LBS=4" --versus "ours-b4-$i:titan-b4-$i")
+    done
+    python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 15 --json "$OUT/speed-1b.json" "${rows[@]}" ;;
+  syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
+    composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
+      --steps 1 --syncs 2>&1 | grep -v Warning | tail -12 ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;

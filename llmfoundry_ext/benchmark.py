@@ -104,7 +104,7 @@ class HFCausalLM(ComposerModel):
     """transformers' model of our architecture's family with sdpa attention, each decoder layer its own FSDP2 unit;
     the loss as transformers trains it (with a mixture of experts, + router_aux_loss_coef x its aux loss)."""
 
-    def __init__(self, config, experts_implementation: str | None = None):
+    def __init__(self, config, experts_implementation: str | None = None, weights: str | None = None):
         super().__init__()
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -112,7 +112,9 @@ class HFCausalLM(ComposerModel):
         self.routed = hasattr(hf, 'num_local_experts')
         if self.routed:
             hf.output_router_logits = True
-        self.model = AutoModelForCausalLM.from_config(hf, attn_implementation='sdpa')
+        self.model = (AutoModelForCausalLM.from_pretrained(weights, config=hf, attn_implementation='sdpa',
+                                                           torch_dtype=torch.float32) if weights  # init_from
+                      else AutoModelForCausalLM.from_config(hf, attn_implementation='sdpa'))
         if experts_implementation and hasattr(self.model, 'set_experts_implementation'):  # transformers 5
             self.model.set_experts_implementation(experts_implementation)
         self.experts_implementation = getattr(hf, '_experts_implementation', None) or 'eager'  # 4: only eager
@@ -127,7 +129,7 @@ class HFCausalLM(ComposerModel):
         loss = token_mean_cross_entropy(outputs.logits, batch['labels'])
         return loss + self.config.router_aux_loss_coef * outputs.aux_loss if self.routed else loss
 
-    def flops_per_batch(self, batch: dict) -> int:
+    def rank_flops(self, batch: dict) -> int:
         return batch_flops(self.config, batch)
 
 
@@ -146,7 +148,8 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     run = preflight.prepare(yaml)
     config = run.config
     timer, recorder = StepTimer(warmup), LossRecorder()
-    model = HFCausalLM(run.architecture, HF_EXPERTS[row.model]) if row.model in HF_EXPERTS else None
+    model = (HFCausalLM(run.architecture, HF_EXPERTS[row.model], config.model.init_from)
+             if row.model in HF_EXPERTS else None)
     trainer = train(run, extra_callbacks=[timer, recorder], model=model)
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
@@ -191,11 +194,16 @@ TORCHTITAN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath
 
 def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) -> dict:
     """torchtitan's own trainer through the anchor script, ``warmup + steps`` steps; tokens/s over the timed steps
-    as ours are counted (total tokens over total time: the harmonic mean of its per-step figures)."""
+    as ours are counted (total tokens over total time: the harmonic mean of its per-step figures). ``INIT_HF=FOLDER``
+    among the row's settings: it starts from those HF weights (``torchtitan_loading``) instead of its own init."""
     env = {**os.environ, 'NGPU': str(gpus), 'STEPS': str(warmup + steps), 'OUT': folder,
            **dict(item.split('=', 1) for item in row.overrides)}
     print(f"--- {row.name}: bash {TORCHTITAN_SCRIPT} {row.source} ({' '.join(row.overrides)})", flush=True)
-    result = subprocess.run(['bash', TORCHTITAN_SCRIPT, row.source], env=env)
+    with open(TORCHTITAN_SCRIPT) as file:
+        script = file.read()
+    if env.get('INIT_HF'):
+        script = torchtitan_loading(script, env['INIT_HF'])
+    result = subprocess.run(['bash', '-c', script, TORCHTITAN_SCRIPT, row.source], env=env)  # $0: the script's path
     summary_path = os.path.join(folder, 'tt_summary.json')
     if result.returncode != 0 or not os.path.isfile(summary_path):
         return {'name': row.name, 'model': row.model, 'error': f'exit status {result.returncode}'}
@@ -212,6 +220,17 @@ def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) ->
         'peak_reserved_gib': max(step['mem_gib'] for step in timed), 'timed_steps': steps,
         'losses': [step['loss'] for step in steps_logged],
     }
+
+
+def torchtitan_loading(script: str, hf_folder: str) -> str:
+    """The anchor script with its (disabled) checkpoint section made to load ``hf_folder``'s safetensors as the
+    initial model through torchtitan's own HF state-dict adapter, and to save nothing (the script has no option)."""
+    disabled = '[checkpoint]\nenable = false\n'
+    if disabled not in script:
+        raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{disabled!r}" section to replace; re-run bash '
+                         f'../shared/anchors/prepare.sh')
+    return script.replace(disabled, f'[checkpoint]\nenable = true\nload_only = true\ninitial_load_path = '
+                                    f'"{hf_folder}"\ninitial_load_in_hf = true\n')
 
 
 def format_table(results: list[dict], baseline: str | None) -> str:

@@ -18,10 +18,13 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+import torch
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.benchmark import Row, run_row
 from llmfoundry_ext.config import read_yaml
+from llmfoundry_ext.preflight import prepare
+from llmfoundry_ext.weights import save_hf
 
 PIECE_CHARS = 2000
 BOS, EOS = '<|begin_of_text|>', '<|end_of_text|>'
@@ -138,6 +141,25 @@ def torchtitan_row(row: Row, hyper: Hyper, seed: int, corpus: str) -> Row:
     return Row(row.name, row.source, [*row.overrides, *env], row.model)
 
 
+def write_shared_init(yaml: str, seed: int, out: str) -> None:
+    """Seed ``seed``'s fresh weights of ``yaml``'s model (its ``init_scheme``) as an fp32 HF folder that every row of
+    that seed starts from: ours and hf rows through ``model.init_from``, torchtitan through its own HF loader. With
+    the same weights, rows differ only in what they compute; with each row's own draw, the draw itself moves the
+    1B's loss at step 500 by 3-4 % between seeds (``benchmarks/results/learning_h100/``)."""
+    run = prepare(yaml)
+    torch.manual_seed(seed)
+    module = run.config.model.family_entry().module(run.architecture, run.kernels)
+    module.init_weights()
+    save_hf({name: tensor.detach() for name, tensor in module.named_parameters()}, run.architecture, out,
+            torch.float32)
+
+
+def starting_from(row: Row, weights: str) -> Row:
+    """``row`` loading ``weights`` (an HF folder) instead of drawing its own initialisation."""
+    setting = f'INIT_HF={weights}' if row.model == 'torchtitan' else f'model.init_from={weights}'
+    return Row(row.name, row.source, [*row.overrides, setting], row.model)
+
+
 def window_means(losses: list[float], width: int) -> list[float]:
     """The mean loss of steps 1-width, width+1-2 width, ... (a last, partial window is left out)."""
     return [statistics.fmean(losses[start:start + width]) for start in range(0, len(losses) - width + 1, width)]
@@ -197,6 +219,7 @@ class Plan:
     hyper: Hyper = Hyper()
     width: int = 50
     gpus: int = 1
+    shared_init: str | None = None  # the row whose model draws each seed's weights for every row to start from
 
     def runs(self) -> list[tuple[int, Row]]:
         """(seed, row) in the order they train: seed by seed, so a run cut short has every row's first seeds."""
@@ -217,14 +240,21 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: i
             'roots': roots}
 
 
-def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str) -> dict:
+def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: str) -> dict:
     """One row on one seed, in its own processes (``benchmark.run_row``): its per-step losses and tokens/s."""
     warmup = min(5, plan.hyper.steps - 1)
+    write_yaml = lambda row, folder: our_run_yaml(row, folder, data['mds'], data['tokenizer'], plan.hyper, seed)
+    if plan.shared_init:
+        weights = os.path.join(work, f'init-seed{seed}')
+        if not os.path.isdir(weights):  # drawn once a seed, by the first of its rows
+            drawer = next(row for row in plan.rows if row.name == plan.shared_init)
+            os.makedirs(f'{weights}-run', exist_ok=True)
+            write_shared_init(write_yaml(drawer, f'{weights}-run'), seed, weights)
+        row = starting_from(row, weights)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data['corpus'])
-    result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder,
-                     lambda row, folder: our_run_yaml(row, folder, data['mds'], data['tokenizer'], plan.hyper, seed))
-    return {**result, 'seed': seed}
+    result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml)
+    return {**result, 'seed': seed, 'shared_init': plan.shared_init}
 
 
 def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None) -> dict:
@@ -234,7 +264,7 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
     for seed, row in plan.runs():
         folder = os.path.join(work, 'rows', f'{row.name}-seed{seed}')
         shutil.rmtree(folder, ignore_errors=True)
-        result = train_row(plan, row, seed, data, folder)
+        result = train_row(plan, row, seed, data, folder, work)
         results.append(result)
         last = statistics.fmean(result['losses'][-plan.width:]) if 'losses' in result else None
         print(f'=== {row.name} seed {seed}: ' + (f"last {plan.width} steps {last:.4f}, "

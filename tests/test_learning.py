@@ -129,3 +129,46 @@ def test_a_run_trains_each_row_on_each_seed_and_writes_the_table(learning_data, 
     assert json.load(open(tmp_path / 'out.json'))['summary'] == report['summary']
     printed = capsys.readouterr().out
     assert '   1-2     ' in printed and 'ours vs titan: ' in printed
+
+
+FAKE_TORCHTITAN_WITH_CHECKPOINTS = FAKE_TORCHTITAN + """
+open(os.environ['OUT'] + '/toml', 'w').write('''[checkpoint]
+enable = false
+''')
+"""
+
+
+@pytest.mark.timeout(600)
+def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(learning_data, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from llmfoundry_ext.build import build_model
+    from llmfoundry_ext.preflight import prepare
+
+    script = tmp_path / 'run.sh'
+    script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN_WITH_CHECKPOINTS}EOF\n")
+    monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    ours = Row.parse(f'ours yamls/demo.yaml {SMALL} model.init_scheme=torchtitan model.tie_embeddings=false')
+    plan = Plan([ours, Row.parse('titan torchtitan:compile FLAVOR=1B')], seeds=[3], hyper=Hyper(steps=2, warmup=1),
+                width=2, shared_init='ours')
+    work = tmp_path / 'work'
+    report = learning.run(plan, learning_data, str(work), [], None)
+    assert [(row['name'], row['shared_init'], len(row['losses'])) for row in report['rows']] == [
+        ('ours', 'ours', 2), ('titan', 'ours', 2)]
+    weights = str(work / 'init-seed3')
+    assert json.load(open(work / 'rows' / 'titan-seed3' / 'env.json'))['SEED'] == '3'
+    assert open(work / 'rows' / 'titan-seed3' / 'toml').read() == (
+        f'[checkpoint]\nenable = true\nload_only = true\ninitial_load_path = "{weights}"\ninitial_load_in_hf = true\n')
+    drawn = load_file(f'{weights}/model.safetensors')
+    assert drawn['model.embed_tokens.weight'].std().item() == pytest.approx(1.0, abs=0.02)  # torchtitan's scheme
+
+    yaml = our_run_yaml(learning.starting_from(ours, weights), str(tmp_path), learning_data['mds'],
+                        learning_data['tokenizer'], plan.hyper, seed=99)  # another seed: the weights still win
+    model, _ = build_model(prepare(yaml))
+    loaded = {learning_name: tensor for learning_name, tensor in model.model.named_parameters()}
+    assert sorted(loaded) == sorted(name.removeprefix('model.') for name in drawn)
+    assert all(loaded[name.removeprefix('model.')].equal(tensor) for name, tensor in drawn.items())
+    redrawn = tmp_path / 'again'
+    learning.write_shared_init(yaml, 3, str(redrawn))
+    assert all(load_file(f'{redrawn}/model.safetensors')[name].equal(tensor) for name, tensor in drawn.items())
