@@ -1,7 +1,8 @@
-"""Composer's Trainer without its host syncs per batch: the optimizer stepped after the backward instead of from
-inside a closure, the training loss logged as a device tensor, and the sample and token counts of one process kept
-on the host."""
+"""Composer's Trainer with each batch at its learning rate's scheduled value, and without host syncs per batch: the
+optimizer stepped after the backward instead of from inside a closure, the training loss logged as a device tensor,
+and the sample and token counts of one process kept on the host."""
 import datetime
+import warnings
 
 import composer
 from composer.utils import dist
@@ -12,17 +13,14 @@ class Trainer(composer.Trainer):
     forward; with none, the host runs a step ahead and those costs overlap the GPU's work
     (``scripts/profile_run.py --syncs`` lists what is left)."""
 
-    def _use_closures(self) -> bool:
-        """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the
-        precision is amp_fp16, and the closure returns ``loss.item()``: the GPU idled 5-7 ms a step of the 8B on 2
-        H200s while the host then dispatched fused AdamW over FSDP2's DTensors. A closure is for optimizers that
-        re-evaluate the loss (LBFGS, SAM); none is offered."""
-        return False
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs, step_schedulers_every_batch=False)  # stepped by _train_batch instead
 
     def _train_batch(self, use_grad_scaling: bool) -> dict:
         """Log the batch's losses (the mean over the ranks) as device tensors and hand Composer none: its loop
         reads each back with ``.item()`` every batch. A logger reads them when it writes them (the console line at
         its interval, TensorBoard at its flush); ``StopOnNonFiniteLoss`` checks them before each checkpoint."""
+        self._schedule_learning_rates()
         losses = super()._train_batch(use_grad_scaling)
         if losses is None:  # amp_fp16: the grad scaler skipped the step
             return losses
@@ -31,6 +29,31 @@ class Trainer(composer.Trainer):
         world = dist.get_world_size()
         self.logger.log_metrics({key: (loss / world).squeeze().detach() for key, loss in losses.items()})
         return {}
+
+    def _schedule_learning_rates(self) -> None:
+        """Each batch trains at its schedules' value for the time at the batch's end: batch k of a W-batch linear
+        warm-up at k/W of the peak (as torchtitan), the last batch at the schedule's final value. Composer 0.32 steps
+        schedulers after a batch but before its count advances, so batch k trained at the value for k - 2 (batches 1
+        and 2 at 0 under a linear warm-up: a warm-up two batches late); its own per-batch stepping is off."""
+        now, world = self.state.timestamp, dist.get_world_size()
+        batch_end = now.to_next_batch(  # every rank's batch has this rank's shape
+            samples=world * self._train_data_spec.get_num_samples_in_batch(self.state.batch),
+            tokens=world * self._train_data_spec.get_num_tokens_in_batch(self.state.batch))
+        self.state.timestamp = batch_end
+        try:
+            with warnings.catch_warnings():  # torch's "scheduler before optimizer" warning: the value is for this batch
+                warnings.filterwarnings('ignore', message=r'Detected call of `lr_scheduler\.step\(\)` before')
+                for scheduler in self.state.schedulers:
+                    scheduler.step()
+        finally:
+            self.state.timestamp = now
+
+    def _use_closures(self) -> bool:
+        """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the
+        precision is amp_fp16, and the closure returns ``loss.item()``: the GPU idled 5-7 ms a step of the 8B on 2
+        H200s while the host then dispatched fused AdamW over FSDP2's DTensors. A closure is for optimizers that
+        re-evaluate the loss (LBFGS, SAM); none is offered."""
+        return False
 
     def _accumulate_time_across_ranks(self, num_samples, num_tokens: int,
                                       batch_time: datetime.timedelta) -> tuple[int, int, datetime.timedelta]:
