@@ -135,7 +135,7 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
   local seeds=$1 rows=() row; shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
-    ${SHARED_INIT:+--shared-init $SHARED_INIT} \
+    ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/learning.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
 }

@@ -219,7 +219,7 @@ class Plan:
     hyper: Hyper = Hyper()
     width: int = 50
     gpus: int = 1
-    shared_init: str | None = None  # the row whose model draws each seed's weights for every row to start from
+    shared_init: Row | None = None  # the row whose model draws each seed's weights for every row to start from
 
     def runs(self) -> list[tuple[int, Row]]:
         """(seed, row) in the order they train: seed by seed, so a run cut short has every row's first seeds."""
@@ -247,14 +247,13 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
     if plan.shared_init:
         weights = os.path.join(work, f'init-seed{seed}')
         if not os.path.isdir(weights):  # drawn once a seed, by the first of its rows
-            drawer = next(row for row in plan.rows if row.name == plan.shared_init)
             os.makedirs(f'{weights}-run', exist_ok=True)
-            write_shared_init(write_yaml(drawer, f'{weights}-run'), seed, weights)
+            write_shared_init(write_yaml(plan.shared_init, f'{weights}-run'), seed, weights)
         row = starting_from(row, weights)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data['corpus'])
     result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml)
-    return {**result, 'seed': seed, 'shared_init': plan.shared_init}
+    return {**result, 'seed': seed, 'shared_init': plan.shared_init and str(plan.shared_init)}
 
 
 def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None) -> dict:

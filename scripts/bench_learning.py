@@ -40,8 +40,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--processes', type=int, default=min(16, os.cpu_count() or 1))
     parser.add_argument('--work', help='folder for the corpus, shards and rows (default: a temporary one)')
     parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names")
-    parser.add_argument('--shared-init', metavar='ROW', help="every row of a seed starts from ROW's model's "
-                        'fresh weights for that seed (else each row draws its own)')
+    parser.add_argument('--shared-init', metavar='ROW', help="every row of a seed starts from the fresh weights "
+                        "ROW's model draws for that seed ('NAME SOURCE key=value ...'; else each row draws its own)")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:
@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
     if not args.row:
         parser.error('give at least one --row, or --report FILES')
     plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
-                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus, args.shared_init)
+                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus,
+                args.shared_init and Row.parse(args.shared_init))
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
         data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, args.processes)

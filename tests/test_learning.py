@@ -151,11 +151,11 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     ours = Row.parse(f'ours yamls/demo.yaml {SMALL} model.init_scheme=torchtitan model.tie_embeddings=false')
     plan = Plan([ours, Row.parse('titan torchtitan:compile FLAVOR=1B')], seeds=[3], hyper=Hyper(steps=2, warmup=1),
-                width=2, shared_init='ours')
+                width=2, shared_init=ours)
     work = tmp_path / 'work'
     report = learning.run(plan, learning_data, str(work), [], None)
     assert [(row['name'], row['shared_init'], len(row['losses'])) for row in report['rows']] == [
-        ('ours', 'ours', 2), ('titan', 'ours', 2)]
+        ('ours', str(ours), 2), ('titan', str(ours), 2)]
     weights = str(work / 'init-seed3')
     assert json.load(open(work / 'rows' / 'titan-seed3' / 'env.json'))['SEED'] == '3'
     assert open(work / 'rows' / 'titan-seed3' / 'toml').read() == (
