@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from omegaconf import OmegaConf
 
+from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.benchmark import Row, run_row
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
@@ -229,15 +230,25 @@ class Plan:
 
 def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: int, processes: int,
                  tokenizer_source: str = TORCHTITAN_TOKENIZER) -> dict:
-    """The corpus, the tokenizer and our MDS shards of it under ``work``; returns where they are and their sizes."""
+    """The corpus, the tokenizer and our MDS shards of it under ``work``; returns where they are and their sizes.
+    A ``work`` folder that holds them for the same sources, size and window already is used as it is."""
     if not os.path.isfile(tokenizer_source):
         raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
+    made = os.path.join(work, 'data.json')
+    asked = {'roots': roots, 'requested_megabytes': corpus_megabytes, 'window': window}
+    if os.path.isfile(made):
+        with open(made) as file:
+            data = json.load(file)
+        if {key: data.get(key) for key in asked} == asked:
+            return data
     corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, files=max(processes, 1))
     tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'), tokenizer_source)
     converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'), processes)
-    return {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
+    data = {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
             'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],
-            'roots': roots}
+            **asked}
+    write_atomically(made, json.dumps(data))
+    return data
 
 
 def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: str) -> dict:

@@ -172,3 +172,12 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     redrawn = tmp_path / 'again'
     learning.write_shared_init(yaml, 3, str(redrawn))
     assert all(load_file(f'{redrawn}/model.safetensors')[name].equal(tensor) for name, tensor in drawn.items())
+
+
+def test_prepared_data_is_used_again_for_the_same_request(learning_data):
+    index = os.path.join(learning_data['mds'], 'index.json')
+    written = os.stat(index).st_mtime_ns
+    work = os.path.dirname(learning_data['corpus'])
+    source_tokenizer = os.path.join(os.path.dirname(work), 'source-tokenizer', 'tokenizer.json')
+    again = prepare_data(work, learning_data['roots'], 1.0, 64, 2, source_tokenizer)
+    assert again == learning_data and os.stat(index).st_mtime_ns == written
