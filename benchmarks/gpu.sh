@@ -125,7 +125,7 @@ declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
 L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false"
-declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L"
+declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null" [rope8]="ours-rope8 $L model.rope_scaling_factor=8"

@@ -195,7 +195,7 @@ def format_windows(summary: dict, width: int) -> str:
     """One line per window: each row's mean over seeds and, with several seeds, their range."""
     names = list(summary)
     lines = ['steps      ' + ''.join(f'{name:>22}' for name in names)]
-    for index in range(max(len(entry['mean']) for entry in summary.values())):
+    for index in range(max((len(entry['mean']) for entry in summary.values()), default=0)):  # none: every row failed
         cells = []
         for name in names:
             entry = summary[name]

@@ -181,3 +181,7 @@ def test_prepared_data_is_used_again_for_the_same_request(learning_data):
     source_tokenizer = os.path.join(os.path.dirname(work), 'source-tokenizer', 'tokenizer.json')
     again = prepare_data(work, learning_data['roots'], 1.0, 64, 2, source_tokenizer)
     assert again == learning_data and os.stat(index).st_mtime_ns == written
+
+
+def test_the_table_of_a_run_whose_rows_all_failed_is_its_header():
+    assert learning.format_windows({}, 50) == 'steps      '
