@@ -13,7 +13,7 @@ from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, init_device,
-                                       parallelize)
+                                       parallelize, reduce_replicas_by_sum_on_gloo)
 from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.resumption import SealedCheckpointSaver
 from llmfoundry_ext.trainer import Trainer
@@ -96,7 +96,7 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
     savers = [SealedCheckpointSaver(
         folder=checkpoint.save_folder, remote_file_name=None, save_interval=checkpoint.save_interval,
         num_checkpoints_to_keep=checkpoint.save_num_checkpoints_to_keep)] if checkpoint.save_folder else []
-    return Trainer(
+    trainer = Trainer(
         run_name=config.run_name,
         device=device,
         model=model,
@@ -120,3 +120,5 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         **console_options(config),
         seed=config.seed,
     )
+    reduce_replicas_by_sum_on_gloo(trainer.state.model, config)  # sharded by now
+    return trainer

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from composer.core import Callback
 from composer.utils import FSDP2Config, dist
+from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
@@ -179,6 +180,18 @@ def composer_parallelism(config: TrainConfig):
     return {'fsdp': MeshFSDP2Config(
         replicate_degree=fsdp.replicate_degree, reshard_after_forward=fsdp.reshard_after_forward,
         activation_checkpointing=False, state_dict_type=fsdp.state_dict_type, mixed_precision=fsdp.mixed_precision)}
+
+
+def reduce_replicas_by_sum_on_gloo(model: torch.nn.Module, config: TrainConfig) -> None:
+    """HSDP on gloo (CPU processes): FSDP2 averages the replicas' gradients with ``ReduceOp.AVG``, which gloo's
+    all-reduce lacks; summed, then divided by FSDP2 (``set_force_sum_reduction_for_comms``), they are the same mean.
+    NCCL keeps its native average; FSDP alone is left as it is."""
+    fsdp = config.parallelism.fsdp
+    if fsdp is None or fsdp.replicate_degree == 1 or torch.distributed.get_backend() != 'gloo':
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
 
 
 class ContextParallel:

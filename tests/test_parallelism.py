@@ -3,6 +3,7 @@ as without it (eager and compiled), and the FSDP2 bf16 input cast that broke Com
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import REPO, write_yaml
+from tests.conftest import COMPOSER, REPO, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -180,3 +181,54 @@ def run_context_parallel_worker(tmp_path, *args) -> dict:
     run = subprocess.run(command, cwd=REPO, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # output live
     assert run.returncode == 0, f'the worker ended with exit status {run.returncode}: its output is above'
     return json.loads(out.read_text())
+
+
+def train_processes(config: dict, folder, processes: int, replicate: int, *overrides: str) -> dict[int, dict]:
+    """``composer -n processes train.py`` on ``config`` with checkpoints in ``folder`` (FSDP2, or HSDP with
+    ``replicate`` replicas); returns each rank's sample ledger."""
+    from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+
+    config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '3ba'},
+              'callbacks': {'sample_ledger': {'folder': str(folder / 'ledger')}}, 'loggers': {}}
+    config['parallelism'] = {'fsdp': {'state_dict_type': 'sharded', 'replicate_degree': replicate}}
+    os.makedirs(folder, exist_ok=True)
+    run = subprocess.run([COMPOSER, '-n', str(processes), 'train.py', write_yaml(config, folder / 'run.yaml'),
+                          *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert run.returncode == 0, run.stderr[-3000:]
+    layout = f'HSDP {replicate} replicas x {processes // replicate} shards' if replicate > 1 else \
+        f'FSDP2 over {processes} ranks'
+    assert layout in run.stdout
+    return {rank: read_ledger(str(folder / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(processes)}
+
+
+def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
+    return [sorted(i for ledger in ledgers.values() for i in ledger[b]['sample_ids']) for b in batches]
+
+
+def mean_losses(ledgers: dict[int, dict], batches) -> list[float]:
+    return [sum(ledger[b]['loss'] for ledger in ledgers.values()) / len(ledgers) for b in batches]
+
+
+@pytest.mark.timeout(900)
+def test_hsdp_on_four_processes_trains_as_fsdp_and_checkpoints_move_between_them(tiny_config, tmp_path):
+    """gloo has no ReduceOp.AVG for the replicas' gradients: FSDP2 sums them and divides (parallelism.py)."""
+    tiny_config.update(max_duration='6ba', global_batch_size=8)
+    fsdp4 = train_processes(tiny_config, tmp_path / 'fsdp4', 4, 1)
+    hsdp = train_processes(tiny_config, tmp_path / 'hsdp', 4, 2, 'callbacks.stop_after.batches=3')
+    for rank in range(4):  # the same samples on each rank; losses to the order of the sums (fp32)
+        assert [hsdp[rank][b]['sample_ids'] for b in (1, 2, 3)] == [fsdp4[rank][b]['sample_ids'] for b in (1, 2, 3)]
+        assert [hsdp[rank][b]['loss'] for b in (1, 2, 3)] == pytest.approx(
+            [fsdp4[rank][b]['loss'] for b in (1, 2, 3)], rel=1e-5, abs=0)
+    for name, processes, replicate in (('as-fsdp4', 4, 1), ('as-fsdp2', 2, 1)):  # HSDP's checkpoint at batch 3
+        shutil.copytree(tmp_path / 'hsdp', tmp_path / name, symlinks=True)
+        shutil.rmtree(tmp_path / name / 'ledger')
+        resumed = train_processes(tiny_config, tmp_path / name, processes, replicate)
+        assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
+        assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
+    stopped = train_processes(tiny_config, tmp_path / 'to-hsdp', 4, 1, 'callbacks.stop_after.batches=3')
+    shutil.rmtree(tmp_path / 'to-hsdp' / 'ledger')
+    resumed = train_processes(tiny_config, tmp_path / 'to-hsdp', 4, 2)  # FSDP 4's checkpoint under HSDP 2 x 2
+    assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
+    assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
+    assert global_batches(stopped, (1, 2, 3)) == global_batches(fsdp4, (1, 2, 3))
