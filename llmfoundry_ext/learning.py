@@ -144,9 +144,9 @@ def torchtitan_row(row: Row, hyper: Hyper, seed: int, corpus: str) -> Row:
 
 def write_shared_init(yaml: str, seed: int, out: str) -> None:
     """Seed ``seed``'s fresh weights of ``yaml``'s model (its ``init_scheme``) as an fp32 HF folder that every row of
-    that seed starts from: ours and hf rows through ``model.init_from``, torchtitan through its own HF loader. With
-    the same weights, rows differ only in what they compute; with each row's own draw, the draw itself moves the
-    1B's loss at step 500 by 3-4 % between seeds (``benchmarks/results/learning_h100/``)."""
+    that seed starts from: ours and hf rows through ``model.init_from``, torchtitan through its own HF loader. The
+    draw itself then drops out of a comparison (each row's own draws ended 3-4 % apart at the 1B's step 500); the
+    rows still part where bf16 roundings decide the fast-learning phase (README, Learning)."""
     run = prepare(yaml)
     torch.manual_seed(seed)
     module = run.config.model.family_entry().module(run.architecture, run.kernels)

@@ -51,4 +51,3 @@ class StopOnNonFiniteLoss(LoggerDestination):
                 raise TrainingStopped(
                     f'non-finite training loss {value} at batch {batch}: stopped before checkpointing it; the same '
                     f'command resumes from the last checkpoint (lower the learning rate or check the data first)')
-
