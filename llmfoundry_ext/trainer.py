@@ -17,7 +17,8 @@ class Trainer(composer.Trainer):
         super().__init__(**kwargs, step_schedulers_every_batch=False)  # stepped by _train_batch instead
 
     def _train_batch(self, use_grad_scaling: bool) -> dict:
-        """Log the batch's losses (the mean over the ranks) as device tensors and hand Composer none: its loop
+        """Set this batch's learning rates, train it, then log its losses (the mean over the ranks) as device
+        tensors and hand Composer none: its loop
         reads each back with ``.item()`` every batch. A logger reads them when it writes them (the console line at
         its interval, TensorBoard at its flush); ``StopOnNonFiniteLoss`` checks them before each checkpoint."""
         self._schedule_learning_rates()

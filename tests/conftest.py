@@ -72,11 +72,13 @@ def tiny_config(tiny_streams, tmp_path) -> dict:
 @pytest.fixture
 def launched_alone(monkeypatch):
     """The environment Composer's launcher gives the one process of a one-process run; the process group Composer
-    then starts is ended after the test (a later test in this worker, without that environment, would find it)."""
+    starts is ended after the test (a later test in this worker, without that environment, would find it); one
+    that was there before (``one_process_group``'s) is left to its owner."""
     for name in ('WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'NODE_RANK'):
         monkeypatch.setenv(name, '1' if 'SIZE' in name else '0')
+    started_here = not torch.distributed.is_initialized()
     yield
-    if torch.distributed.is_initialized():
+    if started_here and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
