@@ -18,9 +18,9 @@ class Trainer(composer.Trainer):
 
     def _train_batch(self, use_grad_scaling: bool) -> dict:
         """Set this batch's learning rates, train it, then log its losses (the mean over the ranks) as device
-        tensors and hand Composer none: its loop
-        reads each back with ``.item()`` every batch. A logger reads them when it writes them (the console line at
-        its interval, TensorBoard at its flush); ``StopOnNonFiniteLoss`` checks them before each checkpoint."""
+        tensors and hand Composer none: its loop reads each back with ``.item()`` every batch. A logger reads them
+        when it writes them (the console line at its interval, TensorBoard at its flush); ``StopOnNonFiniteLoss``
+        checks them before each checkpoint."""
         self._schedule_learning_rates()
         losses = super()._train_batch(use_grad_scaling)
         if losses is None:  # amp_fp16: the grad scaler skipped the step
