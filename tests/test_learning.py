@@ -166,7 +166,7 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     yaml = our_run_yaml(learning.starting_from(ours, weights), str(tmp_path), learning_data['mds'],
                         learning_data['tokenizer'], plan.hyper, seed=99)  # another seed: the weights still win
     model, _ = build_model(prepare(yaml))
-    loaded = {learning_name: tensor for learning_name, tensor in model.model.named_parameters()}
+    loaded = dict(model.model.named_parameters())
     assert sorted(loaded) == sorted(name.removeprefix('model.') for name in drawn)
     assert all(loaded[name.removeprefix('model.')].equal(tensor) for name, tensor in drawn.items())
     redrawn = tmp_path / 'again'
