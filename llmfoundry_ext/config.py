@@ -156,6 +156,7 @@ class TrainConfig:
     log_interval: str = '1ba'
     console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
+    node_timeout_s: float = 30.0           # a job over several nodes stops when one is silent this long (node_watch)
 
     @property
     def data_parallel_size(self) -> int:
@@ -332,7 +333,7 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 
 def validate(config: TrainConfig) -> None:
     """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
-    check_positive(config, ('global_batch_size', 'max_seq_len'))
+    check_positive(config, ('global_batch_size', 'max_seq_len', 'node_timeout_s'))
     check_context_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)

@@ -14,6 +14,7 @@ from llmfoundry_ext.callbacks.console_line import total_batches
 from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
+from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
@@ -44,11 +45,27 @@ def main(argv: list[str]) -> int:
 def train(run: Run, extra_callbacks: list = (), model=None):
     """Build everything from the preflighted run, print the start summary, fit, and return the Trainer.
 
-    ``model``: a ComposerModel to train instead of the config's (the benchmark's HF baseline)."""
-    config = run.config
-    reproducibility.seed_all(config.seed)
+    ``model``: a ComposerModel to train instead of the config's (the benchmark's HF baseline). A job over several
+    nodes is watched (``node_watch``): when a node dies, the others stop with one line naming it."""
     device = get_device(None)
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
+    watch = start_node_watch(run.config.node_timeout_s)
+    try:
+        return build_and_fit(run, device, extra_callbacks, model)
+    except (ConfigError, TrainingStopped):
+        raise
+    except Exception:
+        if watch:  # a collective that failed because a node died: the watch names it and ends this process
+            watch.wait_for_verdict()
+        raise
+    finally:
+        if watch:
+            watch.close()
+
+
+def build_and_fit(run: Run, device, extra_callbacks: list, model):
+    config = run.config
+    reproducibility.seed_all(config.seed)
     if dist.get_local_rank() == 0:
         removed = remove_stale_streaming_state()
         if removed:

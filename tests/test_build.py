@@ -2,12 +2,10 @@
 import os
 import re
 
-from llmfoundry_ext.data.mds import write_mds
-from data_prep.train_tokenizer import train_bpe
 from llmfoundry_ext.plotting import plot_run, read_scalars
 from llmfoundry_ext.train import train
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import REPO, random_windows, write_yaml
+from tests.conftest import REPO, demo_data, write_yaml
 
 MONITORS = {'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {},
             'system_metrics_monitor': {}, 'runtime_estimator': {}, 'optimizer_monitor': {'batch_log_interval': 1},
@@ -17,17 +15,6 @@ EXPECTED_TAGS = [
     'lr-DecoupledAdamW/group0', 'l2_norm/grad/global', 'process/memory_rss_gib', 'process/cpu_percent',
     'cpu_percentage', 'cpu_memory_percent', 'time/remaining_estimate',
 ]
-
-
-def demo_data(root) -> str:
-    """demo.yaml's data layout (code / prose / math MDS folders, train and val, and a tokenizer), random tokens."""
-    for seed, domain in enumerate(('code', 'prose', 'math')):
-        for split, windows in (('train', 200), ('val', 40)):
-            write_mds(str(root / domain / split), random_windows(windows, 256, 2048, seed), {'source': domain,
-                                                                                            'window': 256})
-    os.makedirs(root / 'tokenizer')
-    train_bpe(['demo text'] * 10, vocab_size=300).save(str(root / 'tokenizer' / 'tokenizer.json'))
-    return str(root)
 
 
 def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):

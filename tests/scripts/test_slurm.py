@@ -1,18 +1,24 @@
-"""The sbatch scripts parse, and render the right ``composer`` command for 2 nodes x 8 GPUs from Slurm's variables."""
+"""The sbatch scripts parse and render the right ``composer`` command for 2 nodes x 8 GPUs from Slurm's variables;
+a job over nodes simulated on this machine survives the loss of a node and resumes on another node count."""
 import os
 import shutil
+import signal
+import socket
 import stat
 import subprocess
+import sys
+import time
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, demo_data
 
 SLURM = os.path.join(REPO, 'scripts', 'slurm')
 STUBS = {
-    # scontrol show hostnames 'gpu[017-018]' -> one host a line
-    'scontrol': '#!/usr/bin/env python3\nimport re, sys\nprefix, low, high = re.fullmatch(r"(\\w+)\\[(\\d+)-(\\d+)\\]",'
-                ' sys.argv[3]).groups()\nfor n in range(int(low), int(high) + 1): print(f"{prefix}{n:0{len(low)}}")\n',
+    # scontrol show hostnames 'gpu[017-018]' -> one host a line; a single host as it is
+    'scontrol': '#!/usr/bin/env python3\nimport re, sys\nrange_ = re.fullmatch(r"(\\w+)\\[(\\d+)-(\\d+)\\]", sys.argv[3])\n'
+                'if not range_: sys.exit(print(sys.argv[3]))\nprefix, low, high = range_.groups()\n'
+                'for n in range(int(low), int(high) + 1): print(f"{prefix}{n:0{len(low)}}")\n',
     # srun runs the launcher in place (one task: this node) and only reports anything else
     'srun': '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\n'
             'if [[ "$1" == bash ]]; then exec "$@"; else echo "srun: $*"; fi\n',
@@ -58,3 +64,108 @@ def test_launcher_outside_slurm_says_so():
                             env={'PATH': os.environ['PATH']}, capture_output=True, text=True)
     assert result.returncode != 0
     assert 'run under Slurm (SLURM_NNODES is not set)' in result.stderr
+
+
+NODE_SHELL = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'  # each simulated node its own /dev/shm, as a real node has
+BATCHES, SAVE_EVERY = 16, 4
+
+
+@pytest.fixture(scope='module')
+def own_shm() -> list[str]:
+    """The command prefix that gives a simulated node a /dev/shm of its own (streaming keeps one set of shared
+    memory a node there; two nodes on one machine would collide)."""
+    prefix = ['unshare', '--user', '--map-root-user', '--mount', '--propagation', 'private', 'bash', '-c', NODE_SHELL,
+              'node']
+    probe = subprocess.run([*prefix, 'true'], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f'simulated nodes need their own /dev/shm: {" ".join(prefix)} true failed: {probe.stderr.strip()}')
+    return prefix
+
+
+class Job:
+    """A Slurm job of ``nodes`` x ``per_node`` processes on this machine: the real ``launch.sh`` once a node, with the
+    variables Slurm sets, on 127.0.0.1."""
+
+    def __init__(self, own_shm: list[str], stub_path: str, folder, overrides: list[str]):
+        self.own_shm, self.stub_path, self.folder, self.overrides = own_shm, stub_path, folder, overrides
+
+    def start(self, name: str, nodes: int, per_node: int) -> list[subprocess.Popen]:
+        port = free_port()
+        nodes_started = []
+        for node in range(nodes):
+            env = {**os.environ, 'PATH': self.stub_path, 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
+                   'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
+                   'OMP_NUM_THREADS': '1'}
+            log = open(self.folder / f'{name}-node{node}.log', 'a')
+            nodes_started.append(subprocess.Popen(
+                [*self.own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
+                 f'checkpoint.save_folder={self.folder / name / "checkpoints"}',
+                 f'callbacks.sample_ledger.folder={self.folder / name / "ledger"}'],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        return nodes_started
+
+    def run(self, name: str, nodes: int, per_node: int) -> str:
+        """Start the job, wait for every node; node 0's output."""
+        codes = [node.wait(timeout=300) for node in self.start(name, nodes, per_node)]
+        assert codes == [0] * nodes, self.log(name, 0)[-3000:]
+        return self.log(name, 0)
+
+    def log(self, name: str, node: int) -> str:
+        return (self.folder / f'{name}-node{node}.log').read_text()
+
+    def global_batches(self, name: str, ranks: int) -> dict[int, list[int]]:
+        """batch -> the sorted sample ids all ranks read in it."""
+        from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+        ledgers = [read_ledger(str(self.folder / name / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(ranks)]
+        return {batch: sorted(i for ledger in ledgers for i in ledger[batch]['sample_ids'])
+                for batch in sorted(ledgers[0])}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(('127.0.0.1', 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(path, text: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in path.read_text():
+        assert time.monotonic() < deadline, f'{text!r} not in {path} after {seconds} s'
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(900)
+def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own_shm, tmp_path):
+    """2 nodes x 2 processes through launch.sh: kill -9 of node 1 stops node 0 within 60 s with one line naming
+    node 1; re-submitted as 2 x 2, 1 x 4 or 4 x 1 it resumes, and every global batch holds the samples of the
+    uninterrupted 2 x 2 run's."""
+    stubs = tmp_path / 'bin'
+    stubs.mkdir()
+    (stubs / 'scontrol').write_text(STUBS['scontrol'])
+    (stubs / 'scontrol').chmod(stat.S_IRWXU)
+    job = Job(own_shm, f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", tmp_path, [
+        f'variables.data_root={demo_data(tmp_path / "data")}', f'max_duration={BATCHES}ba', 'global_batch_size=8',
+        f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'log_interval=1ba', 'progress_bar=false',
+        'node_timeout_s=10'])
+    job.run('uninterrupted', 2, 2)
+    expected = job.global_batches('uninterrupted', 4)
+    assert sorted(expected) == list(range(1, BATCHES + 1)) and all(len(ids) == 8 for ids in expected.values())
+
+    node0, node1 = job.start('killed', 2, 2)
+    wait_for(tmp_path / 'killed-node0.log', f'batch {SAVE_EVERY + 2}/{BATCHES}', 240)
+    os.killpg(node1.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    code = node0.wait(timeout=120)
+    stopped_after = time.monotonic() - killed
+    print(f'node 0 stopped {stopped_after:.1f} s after node 1 was killed, exit status {code}')
+    assert stopped_after < 60 and code != 0
+    lines = [line for line in job.log('killed', 0).splitlines() if line.startswith('error: ')]
+    assert lines == ['error: node 1 of 2 stopped answering (no heartbeat for 10 s): stopping node 0. '
+                     'Re-submit the job to resume from its last checkpoint.']
+    for copy in ('as-1x4', 'as-4x1'):
+        shutil.copytree(tmp_path / 'killed', tmp_path / copy, symlinks=True)
+
+    for name, nodes, per_node in (('killed', 2, 2), ('as-1x4', 1, 4), ('as-4x1', 4, 1)):
+        resumed = job.run(name, nodes, per_node)
+        assert f'autoresume: resuming from the latest checkpoint at batch {SAVE_EVERY}\n' in resumed, resumed[-2000:]
+        assert job.global_batches(name, 4) == expected, name

@@ -1,0 +1,108 @@
+"""Stop a multi-node job within seconds when one of its nodes dies, naming that node.
+
+When a node dies (killed, out of memory, hardware), the ranks of the other nodes wait inside their next collective:
+NCCL until its timeout (Composer's ``dist_timeout``, minutes), gloo with a traceback about a closed connection
+that names no node. Neither torch nor Composer watches the nodes (torchelastic's agent restarts workers, it does
+not name a lost node to a Slurm job), so each rank runs a daemon thread here: every node's local rank 0 adds to its
+node's counter in the job's rendezvous store (the TCPStore at ``MASTER_ADDR:MASTER_PORT`` that the process group
+already uses) every ``HEARTBEAT_SECONDS``; every rank reads all the counters, and when one has not moved for
+``timeout`` seconds of this rank's clock (or the store itself, on node 0, cannot be reached) it prints one line
+naming the node and ends its process, so the launcher and ``srun --kill-on-bad-exit`` end the job. Re-submitting
+the job resumes from the last checkpoint.
+"""
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Optional
+
+HEARTBEAT_SECONDS = 5.0
+EXIT_STATUS = 3
+KEY = 'llmfoundry_ext/node_heartbeat/{}'
+
+
+def spans_nodes() -> bool:
+    """Whether this job's ranks are on more than one node (as Composer's launcher or torchrun set them)."""
+    return int(os.environ.get('WORLD_SIZE', '1')) > int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+
+
+class NodeWatch:
+    """Heartbeats of every node of the job, kept and checked on a daemon thread.
+
+    ``store``: a client of the job's store; ``nodes``: how many nodes the job has; ``node``: this one's rank;
+    ``beats``: whether this process beats for its node (its local rank 0); ``on_lost(message)``: what to do when a
+    node is lost (default: print the message and end this process with status ``EXIT_STATUS``)."""
+
+    def __init__(self, store, nodes: int, node: int, beats: bool, timeout: float, interval: float = HEARTBEAT_SECONDS,
+                 on_lost=None):
+        self.store, self.nodes, self.node, self.beats = store, nodes, node, beats
+        self.timeout, self.interval = timeout, interval
+        self.on_lost = on_lost or (lambda message: stop_this_process(message, interval))
+        self.counts: dict[int, int] = {}
+        self.last_change: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name='node-watch', daemon=True)
+
+    def start(self) -> 'NodeWatch':
+        self._thread.start()
+        return self
+
+    def wait_for_verdict(self) -> None:
+        """Give the watch the time it needs to find a lost node (and, by default, end this process)."""
+        self._thread.join(self.timeout + 2 * self.interval)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            lost = self.check(time.monotonic())
+            if lost:
+                self.on_lost(lost)
+                return
+            self._stop.wait(self.interval)
+
+    def check(self, now: float) -> Optional[str]:
+        """Beat (if this process beats) and read every node's count; the message naming a lost node, or None."""
+        try:
+            if self.beats:
+                self.store.add(KEY.format(self.node), 1)
+            counts = {node: self.store.add(KEY.format(node), 0) for node in range(self.nodes)}
+        except Exception as error:  # noqa: BLE001 - any failure to reach the store means its host is gone
+            return (f'node 0 of {self.nodes} (the job\'s rendezvous store) cannot be reached '
+                    f'({type(error).__name__}): stopping node {self.node}. {RESUBMIT}')
+        for node, count in counts.items():
+            if count != self.counts.get(node):
+                self.counts[node], self.last_change[node] = count, now
+            elif now - self.last_change[node] > self.timeout:
+                return (f'node {node} of {self.nodes} stopped answering (no heartbeat for {self.timeout:g} s): '
+                        f'stopping node {self.node}. {RESUBMIT}')
+        return None
+
+
+RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'
+
+
+def stop_this_process(message: str, interval: float) -> None:
+    """The node's first process prints the one line and ends at once; the others end an interval later, so that the
+    line is out before the launcher stops the node. Each ends with ``os._exit``: its main thread may be blocked in a
+    collective that will not return."""
+    if os.environ.get('LOCAL_RANK', '0') == '0':
+        print(f'error: {message}', file=sys.stderr, flush=True)
+    else:
+        time.sleep(interval + 1)
+    os._exit(EXIT_STATUS)
+
+
+def start_node_watch(timeout: float) -> Optional[NodeWatch]:
+    """A started NodeWatch when the job spans nodes (None otherwise), on its own client of the launcher's store."""
+    if not spans_nodes():
+        return None
+    from torch.distributed import TCPStore
+    store = TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
+                     timeout=timedelta(seconds=min(timeout, 30)))
+    nodes = int(os.environ['WORLD_SIZE']) // int(os.environ['LOCAL_WORLD_SIZE'])
+    return NodeWatch(store, nodes, int(os.environ.get('NODE_RANK', '0')), os.environ.get('LOCAL_RANK', '0') == '0',
+                     timeout).start()

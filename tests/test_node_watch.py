@@ -1,0 +1,50 @@
+"""The node watch: a node whose heartbeat stops for the timeout is named; a store that cannot be reached names node 0."""
+import pytest
+import torch.distributed as dist
+
+from llmfoundry_ext.node_watch import NodeWatch
+
+
+def test_a_node_silent_for_the_timeout_is_named_and_beating_nodes_are_not():
+    store = dist.HashStore()
+    node0 = NodeWatch(store, nodes=2, node=0, beats=True, timeout=10)
+    node1 = NodeWatch(store, nodes=2, node=1, beats=True, timeout=10)
+    assert [(node1.check(t), node0.check(t)) for t in (0, 5, 10, 15, 20)] == [(None, None)] * 5
+    # node 1 dies after t = 20: node 0 keeps beating; node 1's count stops moving
+    assert [node0.check(t) for t in (25, 30)] == [None, None]
+    assert node0.check(30.5) == ('node 1 of 2 stopped answering (no heartbeat for 10 s): stopping node 0. '
+                                 'Re-submit the job to resume from its last checkpoint.')
+
+
+def test_a_process_that_does_not_beat_still_watches():
+    store = dist.HashStore()
+    beating, listening = NodeWatch(store, 2, 0, True, timeout=5), NodeWatch(store, 2, 0, False, timeout=5)
+    for t in (0, 4, 5):  # node 1 never beats
+        beating.check(t)
+        assert listening.check(t) is None
+    assert listening.check(5.1) == ('node 1 of 2 stopped answering (no heartbeat for 5 s): stopping node 0. '
+                                    'Re-submit the job to resume from its last checkpoint.')
+
+
+def test_a_store_that_cannot_be_reached_names_node_0():
+    class Gone:
+        def add(self, key, amount):
+            raise dist.DistNetworkError('Connection reset by peer')
+    assert NodeWatch(Gone(), 4, 2, True, timeout=30).check(0) == (
+        "node 0 of 4 (the job's rendezvous store) cannot be reached (DistNetworkError): stopping node 2. "
+        'Re-submit the job to resume from its last checkpoint.')
+
+
+def test_the_thread_hands_the_first_lost_node_to_on_lost():
+    store, found = dist.HashStore(), []
+    NodeWatch(store, 2, 0, True, timeout=0.05, interval=0.01, on_lost=found.append).start().wait_for_verdict()
+    assert found == ['node 1 of 2 stopped answering (no heartbeat for 0.05 s): stopping node 0. '
+                     'Re-submit the job to resume from its last checkpoint.']
+
+
+def test_node_timeout_must_be_positive(tiny_config, tmp_path):
+    from llmfoundry_ext.config import load
+    from llmfoundry_ext.errors import ConfigError
+    from tests.conftest import write_yaml
+    with pytest.raises(ConfigError, match=r'^node_timeout_s: must be positive, got 0.0$'):
+        load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['node_timeout_s=0'])
