@@ -17,14 +17,12 @@ import time
 from datetime import timedelta
 from typing import Optional
 
+from composer.utils import dist
+
 HEARTBEAT_SECONDS = 5.0
 EXIT_STATUS = 3
 KEY = 'llmfoundry_ext/node_heartbeat/{}'
-
-
-def spans_nodes() -> bool:
-    """Whether this job's ranks are on more than one node (as Composer's launcher or torchrun set them)."""
-    return int(os.environ.get('WORLD_SIZE', '1')) > int(os.environ.get('LOCAL_WORLD_SIZE', '1'))
+RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'
 
 
 class NodeWatch:
@@ -32,13 +30,13 @@ class NodeWatch:
 
     ``store``: a client of the job's store; ``nodes``: how many nodes the job has; ``node``: this one's rank;
     ``beats``: whether this process beats for its node (its local rank 0); ``on_lost(message)``: what to do when a
-    node is lost (default: print the message and end this process with status ``EXIT_STATUS``)."""
+    node is lost (default: ``stop_this_process``)."""
 
     def __init__(self, store, nodes: int, node: int, beats: bool, timeout: float, interval: float = HEARTBEAT_SECONDS,
                  on_lost=None):
         self.store, self.nodes, self.node, self.beats = store, nodes, node, beats
         self.timeout, self.interval = timeout, interval
-        self.on_lost = on_lost or (lambda message: stop_this_process(message, interval))
+        self.on_lost = on_lost or (lambda message: stop_this_process(message, beats, interval))
         self.counts: dict[int, int] = {}
         self.last_change: dict[int, float] = {}
         self._stop = threading.Event()
@@ -82,14 +80,11 @@ class NodeWatch:
         return None
 
 
-RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'
-
-
-def stop_this_process(message: str, interval: float) -> None:
+def stop_this_process(message: str, first_of_node: bool, interval: float) -> None:
     """The node's first process prints the one line and ends at once; the others end an interval later, so that the
-    line is out before the launcher stops the node. Each ends with ``os._exit``: its main thread may be blocked in a
-    collective that will not return."""
-    if os.environ.get('LOCAL_RANK', '0') == '0':
+    line is out before the launcher stops the node. Each ends with ``os._exit``, status ``EXIT_STATUS``: its main
+    thread may be blocked in a collective that will not return."""
+    if first_of_node:
         print(f'error: {message}', file=sys.stderr, flush=True)
     else:
         time.sleep(interval + 1)
@@ -97,12 +92,12 @@ def stop_this_process(message: str, interval: float) -> None:
 
 
 def start_node_watch(timeout: float) -> Optional[NodeWatch]:
-    """A started NodeWatch when the job spans nodes (None otherwise), on its own client of the launcher's store."""
-    if not spans_nodes():
+    """A started NodeWatch when the job's ranks are on more than one node (None otherwise), on its own client of the
+    launcher's store."""
+    nodes = dist.get_world_size() // dist.get_local_world_size()
+    if nodes == 1:
         return None
     from torch.distributed import TCPStore
     store = TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
                      timeout=timedelta(seconds=min(timeout, 30)))
-    nodes = int(os.environ['WORLD_SIZE']) // int(os.environ['LOCAL_WORLD_SIZE'])
-    return NodeWatch(store, nodes, int(os.environ.get('NODE_RANK', '0')), os.environ.get('LOCAL_RANK', '0') == '0',
-                     timeout).start()
+    return NodeWatch(store, nodes, dist.get_node_rank(), dist.get_local_rank() == 0, timeout).start()

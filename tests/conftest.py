@@ -165,3 +165,8 @@ def demo_data(root) -> str:
     os.makedirs(root / 'tokenizer')
     train_bpe(['demo text'] * 10, vocab_size=300).save(str(root / 'tokenizer' / 'tokenizer.json'))
     return str(root)
+
+
+def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
+    """Per batch, the sorted sample ids that all ranks' ledgers (rank -> ``read_ledger``'s) read in it."""
+    return [sorted(i for ledger in ledgers.values() for i in ledger[b]['sample_ids']) for b in batches]

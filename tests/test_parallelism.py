@@ -16,7 +16,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import COMPOSER, REPO, write_yaml
+from tests.conftest import COMPOSER, REPO, global_batches, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -200,10 +200,6 @@ def train_processes(config: dict, folder, processes: int, replicate: int, *overr
         f'FSDP2 over {processes} ranks'
     assert layout in run.stdout
     return {rank: read_ledger(str(folder / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(processes)}
-
-
-def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
-    return [sorted(i for ledger in ledgers.values() for i in ledger[b]['sample_ids']) for b in batches]
 
 
 def mean_losses(ledgers: dict[int, dict], batches) -> list[float]:

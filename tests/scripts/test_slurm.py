@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, demo_data
+from tests.conftest import REPO, demo_data, global_batches
 
 SLURM = os.path.join(REPO, 'scripts', 'slurm')
 STUBS = {
@@ -96,12 +96,12 @@ class Job:
             env = {**os.environ, 'PATH': self.stub_path, 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
                    'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
                    'OMP_NUM_THREADS': '1'}
-            log = open(self.folder / f'{name}-node{node}.log', 'a')
-            nodes_started.append(subprocess.Popen(
-                [*self.own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
-                 f'checkpoint.save_folder={self.folder / name / "checkpoints"}',
-                 f'callbacks.sample_ledger.folder={self.folder / name / "ledger"}'],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            with open(self.folder / f'{name}-node{node}.log', 'a') as log:  # the node's processes keep their copy
+                nodes_started.append(subprocess.Popen(
+                    [*self.own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
+                     f'checkpoint.save_folder={self.folder / name / "checkpoints"}',
+                     f'callbacks.sample_ledger.folder={self.folder / name / "ledger"}'],
+                    cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         return nodes_started
 
     def run(self, name: str, nodes: int, per_node: int) -> str:
@@ -113,12 +113,13 @@ class Job:
     def log(self, name: str, node: int) -> str:
         return (self.folder / f'{name}-node{node}.log').read_text()
 
-    def global_batches(self, name: str, ranks: int) -> dict[int, list[int]]:
-        """batch -> the sorted sample ids all ranks read in it."""
+    def global_batches(self, name: str, ranks: int) -> list[list[int]]:
+        """The sorted sample ids all ranks read in each batch; the ledgers must hold batches 1 to BATCHES."""
         from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-        ledgers = [read_ledger(str(self.folder / name / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(ranks)]
-        return {batch: sorted(i for ledger in ledgers for i in ledger[batch]['sample_ids'])
-                for batch in sorted(ledgers[0])}
+        ledgers = {rank: read_ledger(str(self.folder / name / 'ledger' / f'ledger-rank{rank}.jsonl'))
+                   for rank in range(ranks)}
+        assert all(sorted(ledger) == list(range(1, BATCHES + 1)) for ledger in ledgers.values()), name
+        return global_batches(ledgers, range(1, BATCHES + 1))
 
 
 def free_port() -> int:
@@ -149,7 +150,7 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own
         'node_timeout_s=10'])
     job.run('uninterrupted', 2, 2)
     expected = job.global_batches('uninterrupted', 4)
-    assert sorted(expected) == list(range(1, BATCHES + 1)) and all(len(ids) == 8 for ids in expected.values())
+    assert [len(ids) for ids in expected] == [8] * BATCHES
 
     node0, node1 = job.start('killed', 2, 2)
     wait_for(tmp_path / 'killed-node0.log', f'batch {SAVE_EVERY + 2}/{BATCHES}', 240)
