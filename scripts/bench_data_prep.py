@@ -1,105 +1,231 @@
-"""Data-prep throughput on one input: an llm-foundry-style converter against ours, 1 process and all cores.
+"""Data-prep throughput end to end: ours, datatrove and an llm-foundry-style converter on the same files, the same
+tokenizer and the same cores.
 
-  python scripts/bench_data_prep.py [--files 8] [--window 2048] [--json out.json]
+  python scripts/bench_data_prep.py [--megabytes 100 25] [--repeats 3] [--datatrove-path DIR] [--json out.json]
 
-Input: the demo corpus (Python's standard library as code and prose, generated arithmetic) as jsonl files,
-and a 32k byte-level BPE trained on it. The baseline does what llm-foundry's text-to-MDS conversion does:
-one process, the transformers tokenizer called on one document at a time, tokens concatenated with EOS and
-cut into windows written by MDSWriter. Ours: data_prep.convert with 1 process, then with every core.
-Ours runs three ways: 1 process x 1 thread (per-core speed), N processes x 1 thread (scaling in processes),
-and 1 process x N tokenizer threads. Target: ours >= 2x the baseline on a 2-core machine, and near-linear in
-processes.
+Input: Python source files under --corpus-root (default: this Python's site-packages), one document each, the first
+--megabytes of them in path order, as 32 jsonl files; a 128k byte-level BPE (Llama 3's size) trained here on the
+first 30 MB. Each row is a fresh process timed from start to exit (imports and start-up included), pinned to as many
+cores as it has processes, one tokenizer thread per process, documents ending in EOS, no BOS, no shuffling:
+- ours: ``data_prep/convert_to_mds.py --processes P`` (8,192-token windows, MDS, zstd);
+- datatrove 0.10.1: ``LocalPipelineExecutor`` with P workers, ``JsonlReader`` -> ``DocumentTokenizer``
+  (``shuffle_documents=False``), the field's pipeline (install it where it cannot clash with ours:
+  ``pip install --target .bench-deps datatrove==0.10.1 loguru humanize orjson --no-deps``, then
+  ``--datatrove-path .bench-deps``; without it its rows are left out, saying so);
+- llm-foundry style: what llm-foundry's text-to-MDS conversion does, one process per group of files (a
+  transformers tokenizer called per document, tokens concatenated with EOS, windows by MDSWriter), then
+  streaming's ``merge_index``;
+- HF tokenizers alone: ``encode_batch_fast`` over the texts already in memory, one core: the ceiling.
+Tokens per second per core is each row's own token count (EOS included) over its wall seconds and its cores.
 """
 import argparse
 import glob
 import json
 import os
+import statistics
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 
-from streaming import MDSWriter
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-from data_prep.convert import Job, convert, usable_cores, worker_pool
-from data_prep.demo_corpus import demo_corpus
-from data_prep.packing import pack
-from data_prep.sources import parse_source
-from data_prep.train_tokenizer import EOS, train_bpe
-from llmfoundry_ext.data.mds import COLUMNS
+from data_prep.train_tokenizer import EOS, train_bpe  # noqa: E402
 
-
-def read_texts(folder: str):
-    for path in sorted(glob.glob(f'{folder}/*.jsonl')):
-        with open(path) as file:
-            yield from (json.loads(line)['text'] for line in file)
+INPUT_FILES = 32
+VOCAB = 128_000
+WINDOW = 8192
+TOOLS = ('ours', 'datatrove', 'llm-foundry style')
 
 
-def baseline(folder: str, tokenizer_file: str, window: int, out: str) -> int:
-    """llm-foundry style: per-document tokenizer call, concat, MDSWriter. Returns tokens written."""
+def python_sources(root: str, megabytes: float) -> list[tuple[str, str]]:
+    """(path, text) of the first ``megabytes`` of non-empty UTF-8 .py files under ``root``, in path order."""
+    documents, size = [], 0
+    for path in sorted(glob.glob(f'{root}/**/*.py', recursive=True)):
+        try:
+            with open(path, encoding='utf-8') as file:
+                text = file.read()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if text.strip():
+            documents.append((path, text))
+            size += len(text.encode('utf-8'))
+            if size >= megabytes * 2 ** 20:
+                return documents
+    raise SystemExit(f'{root}: only {size / 2 ** 20:.0f} MB of Python source; pass a larger --corpus-root')
+
+
+def write_jsonl(documents: list[tuple[str, str]], folder: str) -> None:
+    os.makedirs(folder)
+    for part in range(INPUT_FILES):
+        with open(f'{folder}/part{part:02d}.jsonl', 'w') as file:
+            file.writelines(json.dumps({'id': i, 'text': t}) + '\n' for i, t in documents[part::INPUT_FILES])
+
+
+def ours(folder: str, tokenizer: str, out: str, processes: int) -> list[str]:
+    return [sys.executable, f'{ROOT}/data_prep/convert_to_mds.py', '--source', f'jsonl:{folder}/*.jsonl',
+            '--tokenizer', tokenizer, '--concat-tokens', str(WINDOW), '--bos-token', '', '--eos-token', EOS,
+            '--out', out, '--processes', str(processes)]
+
+
+def ours_tokens(out: str) -> int:
+    with open(f'{out}/manifest.json') as file:
+        manifest = json.load(file)
+    return sum(manifest[s]['tokens'] + manifest[s]['tail_tokens_dropped'] for s in ('train', 'val'))
+
+
+def run_datatrove(folder: str, tokenizer: str, out: str, processes: int) -> int:
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+    LocalPipelineExecutor(pipeline=[JsonlReader(folder, glob_pattern='*.jsonl'),
+                                    DocumentTokenizer(out, tokenizer_name_or_path=tokenizer, eos_token=EOS,
+                                                      shuffle_documents=False)],
+                          tasks=INPUT_FILES, workers=processes, logging_dir=f'{out}-logs').run()
+    return sum(int(open(f).read().split('\n')[1]) for f in glob.glob(f'{out}/*.ds.metadata'))  # [tokenizer, tokens]
+
+
+def convert_group(files: list[str], tokenizer_file: str, out: str) -> int:
+    """llm-foundry style, one process: a transformers tokenizer per document, concatenated, MDSWriter."""
+    from streaming import MDSWriter
     from transformers import PreTrainedTokenizerFast
+
+    from data_prep.packing import pack
+    from llmfoundry_ext.data.mds import COLUMNS
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    documents = (tokenizer(text, truncation=False, padding=False)['input_ids'] + [eos] for text in read_texts(folder))
-    windows = 0
+    texts = (json.loads(line)['text'] for path in files for line in open(path))
+    documents = (tokenizer(text, truncation=False, padding=False)['input_ids'] + [eos] for text in texts)
+    tokens = 0
     with MDSWriter(out=out, columns=COLUMNS, compression='zstd') as writer:
-        for window_tokens in pack(documents, window):
-            writer.write({'tokens': window_tokens})
-            windows += 1
-    return windows * window
+        for window in pack(documents, WINDOW):
+            writer.write({'tokens': window})
+            tokens += WINDOW
+    return tokens
 
 
-def ours(folder: str, tokenizer_file: str, window: int, out: str, processes: int, threads: int) -> int:
-    manifest = convert(Job(parse_source(f'jsonl:{folder}/*.jsonl'), tokenizer_file, window, 0.0, out), processes,
-                       EOS, None, progress=False, threads=threads)
-    return manifest['train']['tokens']
+def run_llmfoundry_style(folder: str, tokenizer: str, out: str, processes: int) -> int:
+    from multiprocessing import Pool
+
+    from streaming.base.util import merge_index
+    files = sorted(glob.glob(f'{folder}/*.jsonl'))
+    groups = [(files[g::processes], tokenizer, f'{out}/group-{g}') for g in range(processes)]
+    with Pool(processes) as pool:
+        tokens = sum(pool.starmap(convert_group, groups))
+    merge_index(out, keep_local=True)
+    return tokens
 
 
-def timed(function, *args) -> tuple[int, float]:
+def timed_row(tool: str, folder: str, tokenizer: str, out: str, processes: int, datatrove: str | None) -> dict:
+    """One row in a fresh process pinned to cores 0..processes-1; its tokens and wall seconds."""
+    environment = {**os.environ, 'RAYON_NUM_THREADS': '1', 'TOKENIZERS_PARALLELISM': 'false',
+                   'PYTHONPATH': os.pathsep.join(filter(None, [ROOT, datatrove]))}
+    command = ours(folder, tokenizer, out, processes) if tool == 'ours' else \
+        [sys.executable, __file__, '--row', tool, folder, tokenizer, out, str(processes)]
     start = time.perf_counter()
-    tokens = function(*args)
-    return tokens, time.perf_counter() - start
+    done = subprocess.run(command, env=environment, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, range(processes)))
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f'{tool} failed:\n{done.stderr[-3000:]}')
+    tokens = ours_tokens(out) if tool == 'ours' else int(done.stdout.split()[-1])
+    return {'tool': tool, 'processes': processes, 'tokens': tokens, 'seconds': seconds}
 
 
-def start_worker_server() -> float:
-    """Seconds to start the converter's worker server (once per converting process; kept out of the rows)."""
-    start = time.perf_counter()
-    with worker_pool(1, 1) as pool:
-        pool.submit(int).result()
-    return time.perf_counter() - start
+def tokenizer_alone(documents: list[tuple[str, str]], tokenizer_file: str) -> dict:
+    """HF tokenizers' encode_batch_fast over texts in memory, one thread on core 0: what no converter can beat."""
+    from tokenizers import Tokenizer
+    os.sched_setaffinity(0, {0})
+    tokenizer = Tokenizer.from_file(tokenizer_file)
+    texts = [text for _, text in documents]
+    start, tokens = time.perf_counter(), 0
+    for first in range(0, len(texts), 256):
+        tokens += sum(len(e.ids) + 1 for e in tokenizer.encode_batch_fast(texts[first:first + 256],
+                                                                           add_special_tokens=False))
+    return {'tool': 'HF tokenizers alone', 'processes': 1, 'tokens': tokens, 'seconds': time.perf_counter() - start}
+
+
+def bench(megabytes: float, corpus_root: str, repeats: int, datatrove: str | None, root: str) -> list[dict]:
+    documents = python_sources(corpus_root, megabytes)
+    folder, tokenizer = f'{root}/in-{megabytes:g}', f'{root}/tokenizer-{megabytes:g}.json'
+    write_jsonl(documents, folder)
+    train_bpe(texts_up_to(documents, 30), VOCAB).save(tokenizer)
+    tools = [t for t in TOOLS if t != 'datatrove' or datatrove]
+    runs = []
+    for repeat in range(repeats):  # interleaved, so that a slow spell of the machine hits every tool
+        for processes in (1, 2):
+            for tool in tools:
+                out = f'{root}/out-{megabytes:g}-{tool.replace(" ", "-")}-{processes}-{repeat}'
+                runs.append(timed_row(tool, folder, tokenizer, out, processes, datatrove))
+                print(f'  {megabytes:g} MB, {tool}, {processes} process(es), run {repeat + 1}: '
+                      f'{runs[-1]["seconds"]:.1f} s', flush=True)
+    os.sched_setaffinity(0, range(os.cpu_count()))
+    runs.append(tokenizer_alone(documents, tokenizer))
+    return [{'megabytes': megabytes, **row} for row in summarise(runs)]
+
+
+def texts_up_to(documents: list[tuple[str, str]], megabytes: float):
+    size = 0
+    for _, text in documents:
+        yield text
+        size += len(text)
+        if size >= megabytes * 2 ** 20:
+            return
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    """Per tool and process count: median, fastest and slowest seconds, and the median's tokens/s per core."""
+    rows = []
+    for key in dict.fromkeys((r['tool'], r['processes']) for r in runs):
+        mine = [r for r in runs if (r['tool'], r['processes']) == key]
+        seconds = [r['seconds'] for r in mine]
+        median = statistics.median(seconds)
+        rows.append({'tool': key[0], 'processes': key[1], 'tokens': mine[0]['tokens'], 'runs': len(mine),
+                     'seconds_median': median, 'seconds_min': min(seconds), 'seconds_max': max(seconds),
+                     'tokens_per_second_per_core': mine[0]['tokens'] / median / key[1]})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'MB':>4} {'converter':<22}{'procs':>6}{'tokens':>13}{'runs':>5}{'median s':>10}{'min-max s':>14}"
+          f"{'tok/s/core':>12}{'x datatrove':>12}")
+    for row in rows:
+        datatrove = next((r for r in rows if (r['megabytes'], r['tool'], r['processes']) ==
+                          (row['megabytes'], 'datatrove', row['processes'])), None)
+        ratio = f"{row['tokens_per_second_per_core'] / datatrove['tokens_per_second_per_core']:.2f}" \
+            if datatrove else '-'
+        print(f"{row['megabytes']:>4g} {row['tool']:<22}{row['processes']:>6}{row['tokens']:>13,}{row['runs']:>5}"
+              f"{row['seconds_median']:>10.1f}{row['seconds_min']:>7.1f}-{row['seconds_max']:<6.1f}"
+              f"{row['tokens_per_second_per_core']:>12,.0f}{ratio:>12}")
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ['--row']:  # one timed row, in its own process
+        tool, folder, tokenizer, out, processes = argv[1:]
+        run = run_datatrove if tool == 'datatrove' else run_llmfoundry_style
+        print(run(folder, tokenizer, out, int(processes)))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--files', type=int, default=8)
-    parser.add_argument('--window', type=int, default=2048)
+    parser.add_argument('--megabytes', type=float, nargs='+', default=[100, 25])
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--corpus-root', default=sysconfig.get_paths()['purelib'])
+    parser.add_argument('--datatrove-path', help='a folder holding datatrove 0.10.1 (see above)')
     parser.add_argument('--json')
     args = parser.parse_args(argv)
-    cores = usable_cores()
+    if len(os.sched_getaffinity(0)) < 2:
+        parser.error('needs 2 cores (its rows run 1 and 2 processes)')
+    if not args.datatrove_path:
+        print('datatrove rows left out: no --datatrove-path (see --help)')
+    rows = []
     with tempfile.TemporaryDirectory() as root:
-        texts = [doc for docs in demo_corpus(files=1500, math_docs=1500).values() for doc in docs]
-        tokenizer_file = f'{root}/tokenizer.json'
-        train_bpe(texts, 32000).save(tokenizer_file)
-        os.makedirs(f'{root}/in')
-        for part in range(args.files):
-            with open(f'{root}/in/part{part:02d}.jsonl', 'w') as file:
-                file.writelines(json.dumps({'text': t}) + '\n' for t in texts[part::args.files])
-        server_seconds = start_worker_server()
-        rows = [('llm-foundry style, 1 process', *timed(baseline, f'{root}/in', tokenizer_file, args.window, f'{root}/base'))]
-        for processes, threads in ((1, 1), (cores, 1), (1, cores)):
-            name = f'ours, {processes} process{"es" * (processes > 1)} x {threads} thread{"s" * (threads > 1)}'
-            rows.append((name, *timed(ours, f'{root}/in', tokenizer_file, args.window, f'{root}/{processes}x{threads}',
-                                      processes, threads)))
-    base_speed = rows[0][1] / rows[0][2]
-    print(f"{'converter':<32}{'tokens':>12}{'seconds':>9}{'tokens/s':>12}{'x baseline':>11}   ({len(texts)} documents)")
-    results = []
-    for name, tokens, seconds in rows:
-        print(f'{name:<32}{tokens:>12,}{seconds:>9.2f}{tokens / seconds:>12,.0f}{tokens / seconds / base_speed:>11.2f}')
-        results.append({'converter': name, 'tokens': tokens, 'seconds': seconds, 'tokens_per_second': tokens / seconds})
-    print(f'worker server start, once per conversion (not in the rows): {server_seconds:.2f} s')
+        for megabytes in args.megabytes:
+            rows += bench(megabytes, args.corpus_root, args.repeats, args.datatrove_path, root)
+    print_table(rows)
     if args.json:
         with open(args.json, 'w') as file:
-            json.dump({'cores': cores, 'window': args.window, 'worker_server_seconds': server_seconds,
-                       'rows': results}, file, indent=2)
+            json.dump({'cores': len(os.sched_getaffinity(0)), 'vocabulary': VOCAB, 'rows': rows}, file, indent=2)
     return 0
 
 
