@@ -6,7 +6,8 @@ tokenizer and the same cores.
 Input: Python source files under --corpus-root (default: this Python's site-packages), one document each, the first
 --megabytes of them in path order, as 32 jsonl files; a 128k byte-level BPE (Llama 3's size) trained here on the
 first 30 MB. Each row is a fresh process timed from start to exit (imports and start-up included), pinned to as many
-cores as it has processes, one tokenizer thread per process, documents ending in EOS, no BOS, no shuffling:
+cores as it has processes, one tokenizer thread per process (RAYON_NUM_THREADS=1, TOKENIZERS_PARALLELISM as each
+tool leaves it), documents ending in EOS, no BOS, no shuffling:
 - ours: ``data_prep/convert_to_mds.py --processes P`` (8,192-token windows, MDS, zstd);
 - datatrove 0.10.1: ``LocalPipelineExecutor`` with P workers, ``JsonlReader`` -> ``DocumentTokenizer``
   (``shuffle_documents=False``), the field's pipeline (install it where it cannot clash with ours:
@@ -15,7 +16,8 @@ cores as it has processes, one tokenizer thread per process, documents ending in
 - llm-foundry style: what llm-foundry's text-to-MDS conversion does, one process per group of files (a
   transformers tokenizer called per document, tokens concatenated with EOS, windows by MDSWriter), then
   streaming's ``merge_index``;
-- HF tokenizers alone: ``encode_batch_fast`` over the texts already in memory, one core: the ceiling.
+- HF tokenizers alone: ``encode_batch_fast`` over the texts already in memory, one core: the ceiling (its seconds
+  are the encoding's alone).
 Tokens per second per core is each row's own token count (EOS included) over its wall seconds and its cores.
 """
 import argparse
@@ -38,6 +40,7 @@ INPUT_FILES = 32
 VOCAB = 128_000
 WINDOW = 8192
 TOOLS = ('ours', 'datatrove', 'llm-foundry style')
+ALONE = 'HF tokenizers alone'
 
 
 def python_sources(root: str, megabytes: float) -> list[tuple[str, str]]:
@@ -120,8 +123,8 @@ def run_llmfoundry_style(folder: str, tokenizer: str, out: str, processes: int) 
 
 def timed_row(tool: str, folder: str, tokenizer: str, out: str, processes: int, datatrove: str | None) -> dict:
     """One row in a fresh process pinned to cores 0..processes-1; its tokens and wall seconds."""
-    environment = {**os.environ, 'RAYON_NUM_THREADS': '1', 'TOKENIZERS_PARALLELISM': 'false',
-                   'PYTHONPATH': os.pathsep.join(filter(None, [ROOT, datatrove]))}
+    environment = {**{k: v for k, v in os.environ.items() if k != 'TOKENIZERS_PARALLELISM'},  # each tool's default
+                   'RAYON_NUM_THREADS': '1', 'PYTHONPATH': os.pathsep.join(filter(None, [ROOT, datatrove]))}
     command = ours(folder, tokenizer, out, processes) if tool == 'ours' else \
         [sys.executable, __file__, '--row', tool, folder, tokenizer, out, str(processes)]
     start = time.perf_counter()
@@ -130,21 +133,23 @@ def timed_row(tool: str, folder: str, tokenizer: str, out: str, processes: int, 
     seconds = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f'{tool} failed:\n{done.stderr[-3000:]}')
-    tokens = ours_tokens(out) if tool == 'ours' else int(done.stdout.split()[-1])
-    return {'tool': tool, 'processes': processes, 'tokens': tokens, 'seconds': seconds}
+    if tool == 'ours':
+        return {'tool': tool, 'processes': processes, 'tokens': ours_tokens(out), 'seconds': seconds}
+    tokens, *inner = done.stdout.split('\n')[-2].split()  # the row's last line: tokens [seconds]
+    return {'tool': tool, 'processes': processes, 'tokens': int(tokens), 'seconds': float(inner[0]) if inner else seconds}
 
 
-def tokenizer_alone(documents: list[tuple[str, str]], tokenizer_file: str) -> dict:
-    """HF tokenizers' encode_batch_fast over texts in memory, one thread on core 0: what no converter can beat."""
+def tokenizer_alone(folder: str, tokenizer_file: str, out: str, processes: int) -> str:
+    """HF tokenizers' encode_batch_fast over the texts already in memory, one thread: what no converter beats.
+    Returns its tokens and seconds (the encoding alone)."""
     from tokenizers import Tokenizer
-    os.sched_setaffinity(0, {0})
     tokenizer = Tokenizer.from_file(tokenizer_file)
-    texts = [text for _, text in documents]
+    texts = [json.loads(line)['text'] for path in sorted(glob.glob(f'{folder}/*.jsonl')) for line in open(path)]
     start, tokens = time.perf_counter(), 0
     for first in range(0, len(texts), 256):
         tokens += sum(len(e.ids) + 1 for e in tokenizer.encode_batch_fast(texts[first:first + 256],
                                                                            add_special_tokens=False))
-    return {'tool': 'HF tokenizers alone', 'processes': 1, 'tokens': tokens, 'seconds': time.perf_counter() - start}
+    return f'{tokens} {time.perf_counter() - start}'
 
 
 def bench(megabytes: float, corpus_root: str, repeats: int, datatrove: str | None, root: str) -> list[dict]:
@@ -161,8 +166,7 @@ def bench(megabytes: float, corpus_root: str, repeats: int, datatrove: str | Non
                 runs.append(timed_row(tool, folder, tokenizer, out, processes, datatrove))
                 print(f'  {megabytes:g} MB, {tool}, {processes} process(es), run {repeat + 1}: '
                       f'{runs[-1]["seconds"]:.1f} s', flush=True)
-    os.sched_setaffinity(0, range(os.cpu_count()))
-    runs.append(tokenizer_alone(documents, tokenizer))
+    runs.append(timed_row(ALONE, folder, tokenizer, f'{root}/unused', 1, None))
     return [{'megabytes': megabytes, **row} for row in summarise(runs)]
 
 
@@ -204,7 +208,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ['--row']:  # one timed row, in its own process
         tool, folder, tokenizer, out, processes = argv[1:]
-        run = run_datatrove if tool == 'datatrove' else run_llmfoundry_style
+        run = {'datatrove': run_datatrove, 'llm-foundry style': run_llmfoundry_style, ALONE: tokenizer_alone}[tool]
         print(run(folder, tokenizer, out, int(processes)))
         return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
