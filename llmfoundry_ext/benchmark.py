@@ -13,6 +13,7 @@ folder the parent wrote for every rank; rank 0 writes the row's figures to a JSO
 """
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ from composer.models import ComposerModel
 from composer.utils import dist
 
 from llmfoundry_ext import preflight
+from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.weights import family_of
 from llmfoundry_ext.synthetic import synthetic_run_yaml
@@ -87,17 +89,25 @@ class StepTimer(Callback):
 
 
 class LossRecorder(Callback):
-    """Every batch's training loss, kept on the device until the run ends (no host sync per step)."""
+    """Every batch's training loss, and its gradients' norm before clipping where our ``GradientClipping`` clips
+    inside the optimizer, kept on the device until the run ends (no host sync per step)."""
 
     def __init__(self):
-        self.losses = []
+        self.losses, self.grad_norms = [], []
 
     def batch_end(self, state: State, logger: Logger) -> None:
         loss = state.loss['total'] if isinstance(state.loss, dict) else state.loss
         self.losses.append(loss.detach())
+        clipping = next((a for a in state.algorithms if isinstance(a, GradientClipping)), None)
+        if clipping is not None and clipping.last_norm is not None:
+            self.grad_norms.append(clipping.last_norm.detach())
 
     def values(self) -> list[float]:
         return torch.stack(self.losses).float().tolist() if self.losses else []
+
+    def norms(self) -> list[float]:
+        """One a batch, or none where no norm was kept."""
+        return torch.stack(self.grad_norms).float().tolist() if len(self.grad_norms) == len(self.losses) else []
 
 
 class HFCausalLM(ComposerModel):
@@ -165,7 +175,8 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
-        'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(), **hf,
+        'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
+        'grad_norms': recorder.norms(), **hf,
     }
 
 
@@ -219,7 +230,19 @@ def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) ->
         'step_seconds': None, 'peak_allocated_gib': None,
         'peak_reserved_gib': max(step['mem_gib'] for step in timed), 'timed_steps': steps,
         'losses': [step['loss'] for step in steps_logged],
+        'grad_norms': torchtitan_grad_norms(os.path.join(folder, f'tt_{row.source}.log')),
     }
+
+
+TORCHTITAN_STEP = re.compile(r'step:\s*(\d+)\s+loss:\s*[\d.]+\s+grad_norm:\s*([\d.]+)')
+
+
+def torchtitan_grad_norms(log: str) -> list[float]:
+    """torchtitan's gradient norm at each step, from its log lines ("step: 1  loss: 12.30882  grad_norm: 27.0577
+    memory: ..."; ``.anchors/run.sh``'s summary keeps losses only)."""
+    with open(log) as file:
+        logged = {int(m[1]): float(m[2]) for m in TORCHTITAN_STEP.finditer(file.read())}
+    return [logged[step] for step in sorted(logged)]
 
 
 def torchtitan_loading(script: str, hf_folder: str) -> str:

@@ -50,6 +50,10 @@ steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s, 'loss': 
          for s in range(1, int(os.environ['STEPS']) + 1)]
 summary = {sys.argv[1]: {'rows': steps, 'flavor': os.environ['FLAVOR']}}
 json.dump(summary, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
+with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'w') as log:  # torchtitan's line, twice (two ranks)
+    for s in range(1, int(os.environ['STEPS']) + 1):
+        for rank in range(2):
+            print(f'step: {s:2}  loss: {10.0 / s:8.5f}  grad_norm: {1.5 * s:7.4f}  memory: 60.00GiB(75.00%)', file=log)
 """
 
 
@@ -62,6 +66,7 @@ def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, mon
                                prepare_yaml=None)
     assert result['tokens_per_second_per_gpu'] == pytest.approx(3 / (1 / 3000 + 1 / 4000 + 1 / 5000))
     assert result['losses'] == [10.0 / step for step in range(1, 6)]
+    assert result['grad_norms'] == [1.5, 3.0, 4.5, 6.0, 7.5]
     assert (result['mfu'], result['peak_reserved_gib'], result['gpus']) == (0.5, 65.0, 2)
 
 

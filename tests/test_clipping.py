@@ -45,3 +45,19 @@ def test_clipping_without_a_fused_optimizer_or_under_fp16_is_composers(fused, pr
     assert not folded
     for ours, ref in zip(weights, ref_weights):
         assert torch.equal(ours, ref)
+
+
+@pytest.mark.parametrize('fused', [True, False])
+def test_the_norm_before_clipping_is_kept_where_the_clip_is_folded(fused):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 8)
+    (model(torch.randn(4, 16)).square().sum() * 100).backward()
+    expected = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])).item()
+    optimizer = torch.optim.AdamW(model.parameters(), fused=fused)
+    clipping = GradientClipping(clipping_type='norm', clipping_threshold=1.0)
+    clipping.apply(Event.AFTER_TRAIN_BATCH, SimpleNamespace(model=model, optimizers=optimizer,
+                                                            precision=Precision.AMP_BF16, fsdp_config_version=2), None)
+    if fused:
+        assert expected > 100 and clipping.last_norm.item() == pytest.approx(expected, rel=1e-6)
+    else:
+        assert clipping.last_norm is None

@@ -106,6 +106,9 @@ env = {key: os.environ[key] for key in ('LR', 'WARMUP', 'SEED', 'DATA_JSON', 'ST
 steps = [{'step': s, 'tps': 1000, 'mfu': 50.0, 'mem_gib': 60.0, 'loss': 9.0 - s} for s in range(1, int(env['STEPS']) + 1)]
 json.dump({sys.argv[1]: {'rows': steps}}, open(os.environ['OUT'] + '/tt_summary.json', 'w'))
 json.dump(env, open(os.environ['OUT'] + '/env.json', 'w'))
+with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'w') as log:
+    for s in range(1, int(env['STEPS']) + 1):
+        print(f'step: {s:2}  loss: {9.0 - s:8.5f}  grad_norm: {0.5 * s:7.4f}  memory: 60.00GiB(75.00%)', file=log)
 """
 
 
@@ -122,6 +125,8 @@ def test_a_run_trains_each_row_on_each_seed_and_writes_the_table(learning_data, 
     ours, titan_1, titan_2 = report['rows']
     assert len(ours['losses']) == 4 and ours['seed'] == 1 and ours['tokens_per_second_per_gpu'] > 0
     assert titan_2['losses'] == [8.0, 7.0, 6.0, 5.0] and titan_2['seed'] == 2
+    assert titan_2['grad_norms'] == [0.5, 1.0, 1.5, 2.0]
+    assert len(ours['grad_norms']) == 4 and all(norm > 0 for norm in ours['grad_norms'])  # fused AdamW's folded clip
     env = json.load(open(tmp_path / 'work' / 'rows' / 'titan-seed2' / 'env.json'))
     assert env == {'LR': '0.001', 'WARMUP': '1', 'SEED': '2', 'DATA_JSON': f"{learning_data['corpus']}/all.jsonl",
                    'STEPS': '4', 'TT_TIMEOUT': '128', 'FLAVOR': '1B'}
