@@ -67,6 +67,13 @@ def write_jsonl(documents: list[tuple[str, str]], folder: str) -> None:
             file.writelines(json.dumps({'id': i, 'text': t}) + '\n' for i, t in documents[part::INPUT_FILES])
 
 
+def jsonl_texts(files: list[str]):
+    """The documents' texts of ``write_jsonl``'s files, in order."""
+    for path in files:
+        with open(path) as file:
+            yield from (json.loads(line)['text'] for line in file)
+
+
 def ours(folder: str, tokenizer: str, out: str, processes: int) -> list[str]:
     return [sys.executable, f'{ROOT}/data_prep/convert_to_mds.py', '--source', f'jsonl:{folder}/*.jsonl',
             '--tokenizer', tokenizer, '--concat-tokens', str(WINDOW), '--bos-token', '', '--eos-token', EOS,
@@ -99,8 +106,7 @@ def convert_group(files: list[str], tokenizer_file: str, out: str) -> int:
     from llmfoundry_ext.data.mds import COLUMNS
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_file)
     eos = tokenizer.convert_tokens_to_ids(EOS)
-    texts = (json.loads(line)['text'] for path in files for line in open(path))
-    documents = (tokenizer(text, truncation=False, padding=False)['input_ids'] + [eos] for text in texts)
+    documents = (tokenizer(text, truncation=False, padding=False)['input_ids'] + [eos] for text in jsonl_texts(files))
     tokens = 0
     with MDSWriter(out=out, columns=COLUMNS, compression='zstd') as writer:
         for window in pack(documents, WINDOW):
@@ -136,7 +142,8 @@ def timed_row(tool: str, folder: str, tokenizer: str, out: str, processes: int, 
     if tool == 'ours':
         return {'tool': tool, 'processes': processes, 'tokens': ours_tokens(out), 'seconds': seconds}
     tokens, *inner = done.stdout.split('\n')[-2].split()  # the row's last line: tokens [seconds]
-    return {'tool': tool, 'processes': processes, 'tokens': int(tokens), 'seconds': float(inner[0]) if inner else seconds}
+    return {'tool': tool, 'processes': processes, 'tokens': int(tokens),
+            'seconds': float(inner[0]) if inner else seconds}
 
 
 def tokenizer_alone(folder: str, tokenizer_file: str, out: str, processes: int) -> str:
@@ -144,7 +151,7 @@ def tokenizer_alone(folder: str, tokenizer_file: str, out: str, processes: int) 
     Returns its tokens and seconds (the encoding alone)."""
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(tokenizer_file)
-    texts = [json.loads(line)['text'] for path in sorted(glob.glob(f'{folder}/*.jsonl')) for line in open(path)]
+    texts = list(jsonl_texts(sorted(glob.glob(f'{folder}/*.jsonl'))))
     start, tokens = time.perf_counter(), 0
     for first in range(0, len(texts), 256):
         tokens += sum(len(e.ids) + 1 for e in tokenizer.encode_batch_fast(texts[first:first + 256],

@@ -29,11 +29,12 @@ class ShardWriter:
     CONFIG = {'column_encodings': [COLUMNS[TOKENS]], 'column_names': [TOKENS], 'column_sizes': [None],
               'compression': COMPRESSION, 'format': 'mds', 'hashes': [], 'size_limit': SHARD_SIZE, 'version': 2}
     CONFIG_BYTES = json.dumps(CONFIG, sort_keys=True).encode('utf-8')
+    EMPTY_SHARD_BYTES = 8 + len(CONFIG_BYTES)  # a shard's sample count and end offset, and its config
 
     def __init__(self, folder: str):
         self.folder = folder
         self.samples: list[bytes] = []
-        self.size = 8 + len(self.CONFIG_BYTES)  # a shard's sample count and end offset, and its config
+        self.size = self.EMPTY_SHARD_BYTES
         self.shards: list[dict] = []
 
     def write(self, window: np.ndarray) -> None:
@@ -56,7 +57,7 @@ class ShardWriter:
         self.shards.append({'samples': count, 'raw_data': {'basename': name, 'bytes': len(raw), 'hashes': {}},
                             'zip_data': {'basename': f'{name}.zstd', 'bytes': len(compressed), 'hashes': {}},
                             **self.CONFIG})
-        self.samples, self.size = [], 8 + len(self.CONFIG_BYTES)
+        self.samples, self.size = [], self.EMPTY_SHARD_BYTES
 
     def finish(self) -> None:
         if self.samples:
