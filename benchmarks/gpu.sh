@@ -4,7 +4,10 @@
 # torchao==0.17.0 fills .whl/), torchtitan from bash ../shared/anchors/prepare.sh (.anchors/). From the repo root:
 #   bash benchmarks/gpu.sh tests [pytest args]  make test-gpu on the GPUs present (args: instead of tests/)
 #   bash benchmarks/gpu.sh shipped              llama8b.yaml as shipped (data and global batch aside) and llama70b.yaml
-#                                               with 2 layers: 20 steps and a sharded checkpoint each
+#                                               with 2 layers: 10 steps and a checkpoint, then the same command resumes
+#                                               to 20 (shipped-8b, shipped-70b: one of them)
+#   bash benchmarks/gpu.sh hsdp                 the 1B, 20 batches: FSDP over the GPUs present beside HSDP (a replica a
+#                                               GPU) stopped at 10 and resumed; losses and tokens/s a batch
 #   bash benchmarks/gpu.sh bench-1b [out.json]  one H100: 1B at local batch 2 and 4 beside torchtitan, HF, and the
 #                                               loss compiled instead of liger's
 #   bash benchmarks/gpu.sh speed-1b [REPEATS]  one H100: yamls/llama1b.yaml as shipped beside torchtitan compile at local
@@ -25,7 +28,8 @@
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise) on
 #                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
-#                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights
+#                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
+#                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -53,20 +57,60 @@ data_root() {  # the shipped YAMLs' six streams, train (1,024 windows: the 70B's
   python3 -c "from tests.conftest import write_frontier_data_root as w; w('$1', 8192, 128256, lambda s: 1024 if s < 6 else 64)"
 }
 
-shipped() {  # yaml [layers]: train 20 steps as shipped (data root, global batch and duration aside), list the checkpoint
-  local data=/tmp/shipped/data ckpt=/tmp/shipped/ckpt layers=()
+shipped() {  # yaml [layers]: as shipped (data root, global batch and duration aside) to 20 steps, stopped after 10
+  # with a sealed checkpoint (stop_after), then the same command again: it resumes at batch 10 and writes batch 20's.
+  # The checkpoint resumed from is removed once the resumed run has loaded it (the 8B's are 90 GB: two do not fit).
+  local data=/tmp/shipped/data ckpt=/tmp/shipped/ckpt layers=() run watcher
   [ -d $data ] || data_root $data
   [ -n "${2:-}" ] && layers=("model.n_layers=$2")
-  echo "===== composer train.py yamls/$1 variables.data_root=$data variables.checkpoint_root=$ckpt" \
-    "global_batch_size=$GPUS max_duration=20ba ${layers[*]}"
-  local t0=$SECONDS
-  composer train.py "yamls/$1" "variables.data_root=$data" "variables.checkpoint_root=$ckpt" \
-    "global_batch_size=$GPUS" max_duration=20ba "${layers[@]}" > "$OUT/shipped-$1.log" 2>&1
-  echo "exit $?, $((SECONDS - t0))s wall"
-  grep -E "^run |^  |^batch |^eval |Error|error:" \
-    "$OUT/shipped-$1.log" | grep -v Warning | tail -22
-  ls -la $ckpt/*/ep0-ba20 && du -sh $ckpt/*/ep0-ba20
+  local command=(composer train.py "yamls/$1" "variables.data_root=$data" "variables.checkpoint_root=$ckpt"
+    "global_batch_size=$GPUS" max_duration=20ba callbacks.stop_after.batches=10 "${layers[@]}")
+  for run in first resumed; do
+    local log="$OUT/shipped-$1-$run.log" t0=$SECONDS
+    echo "===== ($run) ${command[*]}"
+    if [ $run = resumed ]; then
+      (until grep -q "autoresume: resuming" "$log" 2>/dev/null; do sleep 2; done; rm -rf $ckpt/*/ep0-ba10) &
+      watcher=$!
+    fi
+    "${command[@]}" > "$log" 2>&1
+    echo "exit $?, $((SECONDS - t0))s wall"
+    [ $run = resumed ] && kill $watcher 2>/dev/null
+    grep -E "^run |^  |^batch |^eval |Error|error:" "$log" | grep -v Warning | tail -22
+    ls -la $ckpt/*/ep0-ba* && du -sh $ckpt/*/ep0-ba*
+  done
   rm -rf $ckpt
+}
+
+hsdp() {  # the 1B on the GPUs present, the same 20 batches (2 samples a GPU): FSDP over all GPUs, then HSDP with one
+  # replica a GPU (replicate_degree=GPUS) stopped after 10 batches with a checkpoint and resumed; each batch's loss
+  # and tokens/s side by side
+  local data=/tmp/shipped/data root=/tmp/hsdp run
+  [ -d $data ] || data_root $data
+  local common=(composer train.py yamls/llama1b.yaml "variables.data_root=$data" "global_batch_size=$((2 * GPUS))"
+    device_microbatch_size=2 max_duration=20ba log_interval=1ba eval_interval=20ba eval_subset_num_batches=2
+    callbacks.speed_monitor.window_size=5)
+  for run in fsdp hsdp-first hsdp-resumed; do
+    local settings=("variables.checkpoint_root=$root/${run%%-*}")
+    [ $run != fsdp ] && settings+=("parallelism.fsdp.replicate_degree=$GPUS" callbacks.stop_after.batches=10)
+    echo "===== ($run) ${common[*]} ${settings[*]}"
+    "${common[@]}" "${settings[@]}" > "$OUT/hsdp-$run.log" 2>&1
+    echo "exit $?"
+    grep -E "^run |^  |^eval |rror" "$OUT/hsdp-$run.log" | grep -v Warning | tail -12
+    ls $root/${run%%-*}/*/
+  done
+  python3 - "$OUT"/hsdp-{fsdp,hsdp-first,hsdp-resumed}.log <<'EOF'
+import re, sys
+lines = lambda path: re.findall(r'^batch (\d+)/\d+  loss (\S+) .*?([\d,]+) tokens/s/GPU', open(path).read(), re.M)
+fsdp = {int(b): (float(l), float(t.replace(',', ''))) for b, l, t in lines(sys.argv[1])}
+hsdp = {int(b): (float(l), float(t.replace(',', ''))) for path in sys.argv[2:] for b, l, t in lines(path)}
+print(f"{'batch':>5} {'FSDP loss':>10} {'HSDP loss':>10} {'diff':>8} {'FSDP tok/s/GPU':>15} {'HSDP tok/s/GPU':>15}")
+for batch in sorted(fsdp):
+    f, h = fsdp[batch], hsdp.get(batch, (float('nan'),) * 2)
+    print(f'{batch:>5} {f[0]:>10.4f} {h[0]:>10.4f} {h[0] - f[0]:>+8.4f} {f[1]:>15,.0f} {h[1]:>15,.0f}')
+print('max |HSDP - FSDP| loss:', max(abs(hsdp[b][0] - fsdp[b][0]) for b in fsdp if b in hsdp))
+print('tokens/s/GPU at batch 20 (speed_monitor window of batches 16-20): FSDP', fsdp[20][1], 'HSDP', hsdp[20][1])
+EOF
+  rm -rf $root
 }
 
 titan_profile() {  # flavor local-batch setting [wait warmup active]: torchtitan as .anchors/run.sh runs the setting
@@ -129,12 +173,14 @@ declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=g
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null" [rope8]="ours-rope8 $L model.rope_scaling_factor=8"
-                  [matched]="ours-matched $L model.rope_scaling_factor=8 parallelism.fsdp=null model.fused_kernels=[]")
+                  [matched]="ours-matched $L model.rope_scaling_factor=8 parallelism.fsdp=null model.fused_kernels=[]"
+                  [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
 
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row; shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
+    --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/learning.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
@@ -167,7 +213,9 @@ profile() {  # flavor local-batch yaml mode [ours]: ours (scripts/profile_run.py
 case "${1:-}" in
   tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
   shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
+  shipped-8b) shipped llama8b.yaml ;;
   shipped-70b) shipped llama70b.yaml 2 ;;
+  hsdp) hsdp ;;
   bench-1b)
     Y=yamls/llama1b.yaml
     python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
