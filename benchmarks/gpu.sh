@@ -81,14 +81,16 @@ shipped() {  # yaml [layers]: as shipped (data root, global batch and duration a
   rm -rf $ckpt
 }
 
-hsdp() {  # the 1B on the GPUs present, the same 20 batches (2 samples a GPU): FSDP over all GPUs, then HSDP with one
-  # replica a GPU (replicate_degree=GPUS) stopped after 10 batches with a checkpoint and resumed; each batch's loss
-  # and tokens/s side by side
+hsdp() {  # the 1B on the GPUs present, the same 20 batches (2 samples a GPU) from the same weights (a fresh draw
+  # on meta depends on the layout: DTensor's RNG), warm-up 2 batches: FSDP over all GPUs, then HSDP with one replica
+  # a GPU (replicate_degree=GPUS) stopped after 10 batches with a checkpoint and resumed; losses and tokens/s a batch
   local data=/tmp/shipped/data root=/tmp/hsdp run
   [ -d $data ] || data_root $data
+  python3 -c "from llmfoundry_ext.learning import write_shared_init as w; \
+w('yamls/llama1b.yaml', 17, '$root/init', ['variables.data_root=$data'])" || return 1
   local common=(composer train.py yamls/llama1b.yaml "variables.data_root=$data" "global_batch_size=$((2 * GPUS))"
     device_microbatch_size=2 max_duration=20ba log_interval=1ba eval_interval=20ba eval_subset_num_batches=2
-    callbacks.speed_monitor.window_size=5)
+    callbacks.speed_monitor.window_size=5 "model.init_from=$root/init" scheduler.t_warmup=2ba)
   for run in fsdp hsdp-first hsdp-resumed; do
     local settings=("variables.checkpoint_root=$root/${run%%-*}")
     [ $run != fsdp ] && settings+=("parallelism.fsdp.replicate_degree=$GPUS" callbacks.stop_after.batches=10)

@@ -142,12 +142,12 @@ def torchtitan_row(row: Row, hyper: Hyper, seed: int, corpus: str) -> Row:
     return Row(row.name, row.source, [*row.overrides, *env], row.model)
 
 
-def write_shared_init(yaml: str, seed: int, out: str) -> None:
+def write_shared_init(yaml: str, seed: int, out: str, overrides: list[str] = ()) -> None:
     """Seed ``seed``'s fresh weights of ``yaml``'s model (its ``init_scheme``) as an fp32 HF folder that every row of
     that seed starts from: ours and hf rows through ``model.init_from``, torchtitan through its own HF loader. The
     draw itself then drops out of a comparison (each row's own draws ended 3-4 % apart at the 1B's step 500); the
     rows still part where bf16 roundings decide the fast-learning phase (README, Learning)."""
-    run = prepare(yaml)
+    run = prepare(yaml, overrides)
     torch.manual_seed(seed)
     module = run.config.model.family_entry().module(run.architecture, run.kernels)
     module.init_weights()
