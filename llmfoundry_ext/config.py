@@ -109,7 +109,8 @@ class FSDPConfig:
     under amp_bf16 (``mixed_precision: DEFAULT``)."""
     reshard_after_forward: bool = True  # false: keep gathered params from forward to backward (more memory)
     activation_checkpointing: str = 'none'  # none; full: recompute whole blocks; selective: keep matmul and
-    #                                         attention outputs, recompute the rest (torchtitan's per-op mode)
+    #                                         attention outputs, recompute the rest (torchtitan's per-op mode);
+    #                                         full_except_attention: recompute all but attention (long context)
     checkpoint_every: int = 1  # apply it to every k-th block (full with 2: every other block recomputed)
     replicate_degree: int = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs
     state_dict_type: str = 'sharded'
@@ -429,7 +430,7 @@ def check_objective(config: TrainConfig) -> None:
                               f'{objective.mask_probability}')
 
 
-AC_MODES = ('none', 'full', 'selective')
+AC_MODES = ('none', 'full', 'selective', 'full_except_attention')
 
 
 def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:

@@ -25,14 +25,19 @@ from llmfoundry_ext.config import TrainConfig, world_size
 from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.model.llama import Transformer
 
+# The attention kernels' ops (SDPA's, on GPUs and the CPU, and varlen's; flex's higher-order op, and compiled code,
+# which inside an eager block is flex's compiled kernel). Under context parallelism the SDPA op is the ring: keeping
+# its outputs keeps the recomputation off the ring and its communication.
+ATTENTION_OPS = ('aten._scaled_dot_product_efficient_attention.default',
+                 'aten._scaled_dot_product_flash_attention.default', 'aten._scaled_dot_product_cudnn_attention.default',
+                 'aten._scaled_dot_product_attention_math.default',
+                 'aten._scaled_dot_product_fused_attention_overrideable.default',
+                 'aten._scaled_dot_product_flash_attention_for_cpu.default', 'torch_attn._varlen_attn.default')
+ATTENTION_HIGHER_ORDER_OPS = ('flex_attention', 'inductor_compiled_code')
 # Selective checkpointing keeps these ops' outputs and recomputes the rest (norms, RoPE, SwiGLU, casts):
 # torchtitan's list, with the experts' grouped GEMMs. Every second matmul is recomputed too (``selective_recompute``).
-SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', 'aten._scaled_dot_product_efficient_attention.default',
-             'aten._scaled_dot_product_flash_attention.default', 'aten._scaled_dot_product_cudnn_attention.default',
-             'aten._scaled_dot_product_attention_math.default',
-             'aten._scaled_dot_product_fused_attention_overrideable.default',
-             '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default', 'torch_attn._varlen_attn.default')
-SAVED_HIGHER_ORDER_OPS = ('flex_attention', 'inductor_compiled_code')
+SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', *ATTENTION_OPS,
+             '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default')
 
 
 def init_device(config: TrainConfig) -> str:
@@ -59,7 +64,8 @@ def parallelize(transformer: Transformer, config: TrainConfig,
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
-    options = checkpoint_options(config)
+    fsdp = config.parallelism.fsdp
+    options = checkpoint_options(fsdp.activation_checkpointing if fsdp else 'none')
     for block in checkpointed_blocks(transformer, config):
         block.checkpointing = options
     if config.model.compile:
@@ -103,17 +109,17 @@ def describe_checkpointing(config: TrainConfig) -> str:
 ORDINAL_SUFFIX = {2: 'nd', 3: 'rd'}
 
 
-def checkpoint_options(config: TrainConfig) -> dict:
-    """torch.utils.checkpoint's options for the run's mode: full recomputes the whole block (its default),
-    selective only what ``selective_recompute`` does not keep."""
-    fsdp = config.parallelism.fsdp
-    return {'context_fn': selective_recompute} if fsdp and fsdp.activation_checkpointing == 'selective' else {}
+def checkpoint_options(mode: str) -> dict:
+    """torch.utils.checkpoint's options for an activation-checkpointing mode: full recomputes the whole block (its
+    default), selective and full_except_attention only what their policies do not keep."""
+    context_fn = CONTEXT_FUNCTIONS.get(mode)
+    return {'context_fn': context_fn} if context_fn else {}
 
 
 def selective_recompute():
     """Per-op selective checkpointing as torchtitan's ``op`` mode: keep matmul and attention outputs, but recompute
     every second matmul (in the Llama block: keep q, v, gate, down; recompute k, o, up) and all else."""
-    saved = saved_ops()
+    saved = named_ops(SAVED_OPS, ATTENTION_HIGHER_ORDER_OPS)
     matmuls = defaultdict(int)
 
     def policy(context, op, *args, **kwargs):
@@ -127,17 +133,33 @@ def selective_recompute():
     return create_selective_checkpoint_contexts(policy)
 
 
-def saved_ops() -> set:
-    """SAVED_OPS and SAVED_HIGHER_ORDER_OPS that this torch has."""
+def recompute_all_but_attention():
+    """full_except_attention: the whole block is recomputed but its attention, whose outputs (and log-sum-exp) are
+    kept: a few MB a block beside full checkpointing, and the recomputation skips attention's FLOPs and, under context
+    parallelism, the ring's communication. Under flex with context parallelism the keys and values are all-gathered
+    again (keeping them would cost 2 x sequence x kv width a block)."""
+    kept = named_ops(ATTENTION_OPS, ATTENTION_HIGHER_ORDER_OPS)
+
+    def policy(context, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in kept else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+CONTEXT_FUNCTIONS = {'selective': selective_recompute, 'full_except_attention': recompute_all_but_attention}
+
+
+def named_ops(names: tuple, higher_order_names: tuple) -> set:
+    """The ops of ``names`` ('namespace.op.overload') and higher-order ops of ``higher_order_names`` this torch has."""
     ops = set()
-    for name in SAVED_OPS:
+    for name in names:
         namespace, op, overload = name.split('.')
         try:
             ops.add(getattr(getattr(getattr(torch.ops, namespace), op), overload))
         except (AttributeError, RuntimeError):
             continue
     higher_order = torch._higher_order_ops
-    return ops | {getattr(higher_order, name) for name in SAVED_HIGHER_ORDER_OPS if hasattr(higher_order, name)}
+    return ops | {getattr(higher_order, name) for name in higher_order_names if hasattr(higher_order, name)}
 
 
 def convert_to_float8(transformer: Transformer, recipe: str, fp8_all_gather: bool) -> None:

@@ -84,7 +84,27 @@ def resolve_kernels(config: TrainConfig) -> KernelConfig:
     backend = choose_backend(model.attn_impl, config.data.document_masking, on_gpu, context_parallel)
     if context_parallel:
         check_context_parallel_kernels(config, backend, on_gpu)
+    check_checkpointing_kernel(config, backend)
     return KernelConfig(attn_impl=backend, sdpa_kernel=model.sdpa_kernel, fused_kernels=model.fused_kernels)
+
+
+def check_checkpointing_kernel(config: TrainConfig, backend: str) -> None:
+    """full_except_attention keeps the outputs of the attention kernel's op, which eager attention and SDPA's math
+    kernel (plain matmuls and softmax) and the flash-attn package's functions do not give torch's checkpointing."""
+    fsdp = config.parallelism.fsdp
+    if not fsdp or fsdp.activation_checkpointing != 'full_except_attention':
+        return
+    runs = f"attn_impl '{backend}'"
+    if backend == 'sdpa' and config.model.sdpa_kernel == 'math':
+        runs = "sdpa_kernel 'math'"
+    elif backend in KEPT_ATTENTION_BACKENDS:
+        return
+    raise ConfigError(f"parallelism.fsdp.activation_checkpointing: full_except_attention keeps the attention kernel's "
+                      f"outputs, and {runs} runs no kernel op it can keep; set model.attn_impl to "
+                      f"{', '.join(KEPT_ATTENTION_BACKENDS)} (sdpa_kernel not math), or activation_checkpointing=full")
+
+
+KEPT_ATTENTION_BACKENDS = ('sdpa', 'flex', 'varlen')
 
 
 def check_context_parallel_kernels(config: TrainConfig, backend: str, on_gpu: bool) -> None:

@@ -1,9 +1,12 @@
 """One process of a two-process context-parallel check (``torchrun --nproc_per_node 2``): the same model and batch
-run whole on every rank and split over the two (``parallelism.ContextParallel``); rank 0 writes the losses and the
-gradients' relative difference as JSON. The gradients of the split run are averaged over the ranks, as FSDP2 does.
+run whole on every rank and split over the two (``parallelism.ContextParallel``), the split one's blocks
+checkpointed as ``--checkpointing`` says; rank 0 writes the losses, the gradients' relative difference and (eager)
+how many attention forwards the split run's backward ran again, as JSON. The gradients of the split run are averaged
+over the ranks, as FSDP2 does.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/context_parallel_worker.py OUT.json \\
-        --device cuda --backend sdpa --seq 16384 [--documents] [--bf16] [--compile] [--forward-only]
+        --device cuda --backend sdpa --seq 16384 [--documents] [--bf16] [--compile] [--forward-only] \\
+        [--checkpointing none|full|selective|full_except_attention]
 """
 import argparse
 import contextlib
@@ -14,12 +17,14 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmfoundry_ext.data.collate import document_positions, next_token_labels
 from llmfoundry_ext.model.composer_model import token_mean_cross_entropy
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
-from llmfoundry_ext.parallelism import ContextParallel, compile_blocks
+from llmfoundry_ext.parallelism import (ATTENTION_OPS, ContextParallel, checkpoint_options, compile_blocks,
+                                       named_ops)
 
 SMALL = LlamaConfig(dim=256, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=512, vocab_size=1024, max_seq_len=131072,
                     rope_theta=500000.0, rope_scaling_factor=1.0, tie_embeddings=False)
@@ -40,14 +45,26 @@ def batch(seq_len: int, documents: bool, device) -> dict:
     return {key: value.to(device) for key, value in result.items()}
 
 
-def loss_and_grads(model: Transformer, data: dict, bf16: bool) -> tuple[torch.Tensor, dict]:
+class CountAttentions(TorchDispatchMode):
+    """How many attention forwards ran (the ring's SDPA op, seen before DTensor runs the ring)."""
+    def __init__(self):
+        super().__init__()
+        self.ops, self.count = named_ops(ATTENTION_OPS, ()), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.ops
+        return func(*args, **(kwargs or {}))
+
+
+def loss_and_grads(model: Transformer, data: dict, bf16: bool, counter=None) -> tuple[torch.Tensor, dict]:
     precision = torch.autocast(data['input_ids'].device.type, torch.bfloat16) if bf16 else contextlib.nullcontext()
     with precision:
         logits = model(data['input_ids'], data.get('position_ids'), None, data.get('attention_mask'))
     loss = token_mean_cross_entropy(logits, data['labels']) * data.get('loss_scale', 1.0)
     if not torch.is_grad_enabled():
         return loss.detach(), {}
-    loss.backward()
+    with counter or contextlib.nullcontext():
+        loss.backward()
     return loss.detach(), {name: p.grad.float() for name, p in model.named_parameters()}
 
 
@@ -71,6 +88,7 @@ def main():
     parser.add_argument('--bf16', action='store_true')
     parser.add_argument('--compile', action='store_true')
     parser.add_argument('--forward-only', action='store_true')
+    parser.add_argument('--checkpointing', default='none')
     args = parser.parse_args()
     dist.init_process_group('nccl' if args.device == 'cuda' else 'gloo')
     rank = dist.get_rank()
@@ -82,6 +100,9 @@ def main():
     split = copy.deepcopy(whole)
     context_parallel = ContextParallel(2, args.backend, causal=True)
     context_parallel.apply(split)
+    for block in split.layers if args.checkpointing != 'none' else ():
+        block.checkpointing = checkpoint_options(args.checkpointing)
+    counter = None if args.compile else CountAttentions()  # a compiled backward is one op the mode cannot see into
     if args.compile:
         compile_blocks(whole, None)
         compile_blocks(split, context_parallel)
@@ -90,14 +111,15 @@ def main():
     with torch.set_grad_enabled(not args.forward_only):
         expected_loss, expected = loss_and_grads(whole, data, args.bf16)
         progress(rank, 'the whole sequence', started)
-        loss, grads = loss_and_grads(split, split.context_parallel.shard(data), args.bf16)
+        loss, grads = loss_and_grads(split, split.context_parallel.shard(data), args.bf16, counter)
         progress(rank, 'context parallel', started)
     dist.all_reduce(loss)
     for grad in grads.values():
         dist.all_reduce(grad)
         grad /= 2
     result = {'expected_loss': expected_loss.item(), 'loss': loss.item() / 2,
-              'gradient_difference': relative_difference(grads, expected) if grads else None}
+              'gradient_difference': relative_difference(grads, expected) if grads else None,
+              'backward_attention_forwards': counter and counter.count}
     if rank == 0:
         with open(args.out, 'w') as file:
             json.dump(result, file)

@@ -61,7 +61,8 @@ BAD_CONFIGS = [
     (change('model.init_scheme', 'xavier'),
      "model.init_scheme: 'xavier' is not one of torchtitan, gpt2"),
     (change('parallelism.fsdp.activation_checkpointing', 'some'),
-     "parallelism.fsdp.activation_checkpointing: 'some' is not one of none, full, selective"),
+     "parallelism.fsdp.activation_checkpointing: 'some' is not one of none, full, selective, "
+     "full_except_attention"),
     (change('parallelism.fsdp.activation_checkpointing', True),
      'parallelism.fsdp.activation_checkpointing: expected str, got bool True'),
     (change('parallelism.fsdp.checkpoint_every', 0),

@@ -33,7 +33,8 @@ def run_config(tiny_config, tmp_path, mode: str, every: int = 1, compile_blocks:
     ('full', 1, [0, 1, 2, 3, 4], 'full activation checkpointing of every block'),
     ('full', 2, [0, 2, 4], 'full activation checkpointing of every 2nd block'),
     ('selective', 3, [0, 3], 'selective activation checkpointing of every 3rd block'),
-    ('selective', 4, [0, 4], 'selective activation checkpointing of every 4th block')])
+    ('selective', 4, [0, 4], 'selective activation checkpointing of every 4th block'),
+    ('full_except_attention', 1, [0, 1, 2, 3, 4], 'full_except_attention activation checkpointing of every block')])
 def test_checkpointed_blocks_and_their_description(tiny_config, tmp_path, mode, every, blocks, text):
     tiny_config['model']['n_layers'] = 5
     config = run_config(tiny_config, tmp_path, mode, every)
@@ -41,26 +42,29 @@ def test_checkpointed_blocks_and_their_description(tiny_config, tmp_path, mode, 
     assert describe_checkpointing(config) == text
 
 
-class CountMatmuls(TorchDispatchMode):
+class CountOps(TorchDispatchMode):
+    """How many matmuls and attention forwards (SDPA's CPU kernel) ran."""
     def __init__(self):
         super().__init__()
-        self.count = 0
+        self.count = {'matmuls': 0, 'attentions': 0}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten.mm.default
+        self.count['matmuls'] += func is torch.ops.aten.mm.default
+        self.count['attentions'] += func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
         return func(*args, **(kwargs or {}))
 
 
 def loss_grads_and_backward_matmuls(config, count: bool = True):
-    """fp32 on the CPU: the loss, every gradient, and how many matmuls ran in the backward pass (None uncounted:
-    torch 2.11's compiled backward runs a higher-order op that a dispatch mode cannot pass through)."""
+    """fp32 on the CPU: the loss, every gradient, and how many matmuls and attention forwards ran in the backward
+    pass (None uncounted: torch 2.11's compiled backward runs a higher-order op that a dispatch mode cannot pass
+    through)."""
     torch.manual_seed(0)
     transformer = Transformer(TINY)
     parallelize(transformer, config)
     tokens = torch.randint(0, 97, (2, 32))
     logits = transformer(tokens)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.roll(tokens, -1, 1).flatten())
-    counter = CountMatmuls() if count else None
+    counter = CountOps() if count else None
     with counter or contextlib.nullcontext():
         loss.backward()
     return loss.detach(), {name: p.grad for name, p in transformer.named_parameters()}, counter and counter.count
@@ -68,21 +72,23 @@ def loss_grads_and_backward_matmuls(config, count: bool = True):
 
 # Backward matmuls: 2 per linear (input and weight gradients), 7 linears a block, 2 blocks, plus the output layer's
 # 2 = 30; full recomputation adds 6 forward matmuls per checkpointed block (it stops once the backward has what it
-# needs: down_proj's output is not needed); selective recomputes only every second one (k, o, up: 3).
-@pytest.mark.parametrize('mode, every, backward_matmuls', [
-    ('none', 1, 30), ('full', 1, 30 + 2 * 6), ('full', 2, 30 + 6), ('selective', 1, 30 + 2 * 3)])
+# needs: down_proj's output is not needed) and the block's attention forward; selective recomputes only every second
+# matmul (k, o, up: 3) and keeps attention; full_except_attention recomputes the 6 matmuls but keeps attention.
+@pytest.mark.parametrize('mode, every, backward_matmuls, backward_attentions', [
+    ('none', 1, 30, 0), ('full', 1, 30 + 2 * 6, 2), ('full', 2, 30 + 6, 1), ('selective', 1, 30 + 2 * 3, 0),
+    ('full_except_attention', 1, 30 + 2 * 6, 0), ('full_except_attention', 2, 30 + 6, 0)])
 def test_each_mode_recomputes_what_it_should_and_changes_no_number(tiny_config, tmp_path, mode, every,
-                                                                   backward_matmuls):
+                                                                   backward_matmuls, backward_attentions):
     expected_loss, expected_grads, _ = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, 'none'))
-    loss, grads, matmuls = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, every))
-    assert matmuls == backward_matmuls
+    loss, grads, recomputed = loss_grads_and_backward_matmuls(run_config(tiny_config, tmp_path, mode, every))
+    assert recomputed == {'matmuls': backward_matmuls, 'attentions': backward_attentions}
     assert torch.equal(loss, expected_loss)
     for name, grad in expected_grads.items():
         assert torch.equal(grads[name], grad), name
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize('mode', ['full', 'selective'])
+@pytest.mark.parametrize('mode', ['full', 'selective', 'full_except_attention'])
 def test_compiled_blocks_with_checkpointing_match_eager(tiny_config, tmp_path, mode):
     """Checkpointing inside the compiled block (inductor, here on the CPU): the loss and gradients of the eager
     model without checkpointing, within fp32 rounding."""
@@ -105,7 +111,7 @@ def sharded_as_composer_does(transformer: Transformer, config) -> Transformer:
     return fully_shard(transformer, mp_policy=policy)
 
 
-@pytest.mark.parametrize('mode', ['full', 'selective'])
+@pytest.mark.parametrize('mode', ['full', 'selective', 'full_except_attention'])
 def test_checkpointing_inside_fsdp2_units_recomputes_with_the_bf16_cast_inputs(tiny_config, tmp_path, mode,
                                                                             one_process_group):
     """FSDP2 with bf16 parameters casts each block's float inputs (the fp32 RoPE tables) to bf16 in its pre-forward

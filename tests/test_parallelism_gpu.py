@@ -41,7 +41,8 @@ def loss_and_grads(tiny_config, tmp_path, mode: str, compile_blocks: bool):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize('mode, compile_blocks', [
-    ('none', True), ('full', False), ('full', True), ('selective', False), ('selective', True)])
+    ('none', True), ('full', False), ('full', True), ('selective', False), ('selective', True),
+    ('full_except_attention', False), ('full_except_attention', True)])
 def test_checkpointing_modes_match_the_model_without_checkpointing(one_process_group, tiny_config, tmp_path, mode,
                                                                    compile_blocks):
     expected_loss, expected = loss_and_grads(tiny_config, tmp_path, 'none', False)
@@ -80,3 +81,21 @@ def test_context_parallel_2_gives_the_losses_and_gradients_of_the_whole_sequence
     loss_tolerance, gradient_tolerance = CONTEXT_PARALLEL_TOLERANCES[bf16]
     assert abs(result['loss'] - result['expected_loss']) < loss_tolerance
     assert result['gradient_difference'] < gradient_tolerance
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason='needs 2 GPUs')
+@pytest.mark.parametrize('mode, compile_blocks, recomputed_attentions', [
+    ('full', False, 2), ('full_except_attention', False, 0), ('full_except_attention', True, None)])
+def test_full_except_attention_under_context_parallel_2_keeps_the_ring_out_of_the_recomputation(
+        tmp_path, mode, compile_blocks, recomputed_attentions):
+    """Causal ring SDPA in bf16 over 2 GPUs with the split model's 2 blocks checkpointed: the whole sequence's loss
+    and gradients as without checkpointing; full runs each block's ring attention again in the backward,
+    full_except_attention none (counted eager; a compiled backward is one op a dispatch mode cannot see into)."""
+    args = ['--backend', 'sdpa', '--seq', str(CONTEXT_PARALLEL_SEQUENCE), '--bf16', '--checkpointing', mode]
+    result = run_context_parallel_worker(tmp_path, *args, *['--compile'] * compile_blocks)
+    print(f'context parallel 2, sdpa, bf16, {mode}, compiled {compile_blocks}: {result}')
+    loss_tolerance, gradient_tolerance = CONTEXT_PARALLEL_TOLERANCES[True]
+    assert abs(result['loss'] - result['expected_loss']) < loss_tolerance
+    assert result['gradient_difference'] < gradient_tolerance
+    assert result['backward_attention_forwards'] == recomputed_attentions

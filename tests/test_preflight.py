@@ -44,6 +44,14 @@ BAD_ENVIRONMENTS = [
      'objective.mask_token_id: 512 is outside the vocabulary (model.vocab_size 512)'),
     (change('data.document_masking', True),
      "data.eos_token_id: not set and no data.tokenizer to look up '<|end_of_text|>' in; set one of them"),
+    (changes(('parallelism.fsdp.activation_checkpointing', 'full_except_attention'), ('model.attn_impl', 'eager')),
+     "parallelism.fsdp.activation_checkpointing: full_except_attention keeps the attention kernel's outputs, and "
+     "attn_impl 'eager' runs no kernel op it can keep; set model.attn_impl to sdpa, flex, varlen (sdpa_kernel not "
+     "math), or activation_checkpointing=full"),
+    (changes(('parallelism.fsdp.activation_checkpointing', 'full_except_attention'), ('model.sdpa_kernel', 'math')),
+     "parallelism.fsdp.activation_checkpointing: full_except_attention keeps the attention kernel's outputs, and "
+     "sdpa_kernel 'math' runs no kernel op it can keep; set model.attn_impl to sdpa, flex, varlen (sdpa_kernel not "
+     "math), or activation_checkpointing=full"),
 ]
 
 
