@@ -58,9 +58,9 @@ def run_config_file(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'config.yaml')
 
 
-def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bfloat16,
-                 tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> str:
-    """A Composer run folder (its latest checkpoint) or one checkpoint -> an HF model folder; returns the checkpoint."""
+def read_checkpoint_weights(run_or_checkpoint: str) -> tuple[str, object, dict[str, torch.Tensor], str | None]:
+    """A Composer run folder (its latest checkpoint) or one checkpoint -> (the checkpoint, its model's architecture,
+    its tensors, the run's tokenizer folder)."""
     checkpoint = latest_checkpoint(run_or_checkpoint)
     config_file = run_config_file(checkpoint)
     if not os.path.isfile(config_file):
@@ -71,5 +71,12 @@ def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bf
     tensors = read_composer_model(checkpoint)
     with torch.device('meta'):
         check_compatible(model.family_entry().module(config), tensors)
-    save_hf(tensors, config, out, dtype, tokenizer or run.get('data', {}).get('tokenizer'), max_shard_size)
+    return checkpoint, config, tensors, (run.get('data') or {}).get('tokenizer')
+
+
+def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bfloat16,
+                 tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> str:
+    """A Composer run folder (its latest checkpoint) or one checkpoint -> an HF model folder; returns the checkpoint."""
+    checkpoint, config, tensors, run_tokenizer = read_checkpoint_weights(run_or_checkpoint)
+    save_hf(tensors, config, out, dtype, tokenizer or run_tokenizer, max_shard_size)
     return checkpoint

@@ -1,0 +1,57 @@
+"""Downstream tasks of lm-evaluation-harness on a trained model, scored by our model (pip install
+'llmfoundry_ext[eval]'):
+
+  python scripts/evaluate.py <run-folder | checkpoint | HF folder> --tasks hellaswag arc_easy \\
+      [--include tasks/] [--limit 1000] [--num-fewshot 0] [--device cuda] [--json results.json]
+
+A run folder is read at its latest checkpoint (sharded or monolithic), with the run's tokenizer; task names are the
+harness's, or those of task YAMLs given with --include (files or folders; the data on disk, e.g. dataset_path: json
+with data_files). Prints the harness's table; --json writes its results and each sample's log-likelihoods.
+"""
+import json
+import sys
+
+import torch
+
+from llmfoundry_ext.cli import ArgumentParser, positive_int
+from llmfoundry_ext.downstream import HarnessModel, load_tasks, model_from_weights, require_harness, run_tasks
+from llmfoundry_ext.errors import CheckpointError, ConfigError
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog='evaluate.py', description=__doc__)
+    parser.add_argument('source', help='a run folder, one checkpoint, or an HF / native weights folder')
+    parser.add_argument('--tasks', nargs='+', required=True)
+    parser.add_argument('--include', nargs='+', default=[], help='task YAML files or folders')
+    parser.add_argument('--limit', type=float, help='examples per task (a fraction if below 1)')
+    parser.add_argument('--num-fewshot', type=int)
+    parser.add_argument('--tokenizer', help="tokenizer folder (default: the source's)")
+    parser.add_argument('--batch-tokens', type=positive_int, default=8192, help='tokens a forward (default 8192)')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float32'),
+                        help='autocast dtype on a GPU (the CPU scores in float32)')
+    parser.add_argument('--json')
+    args = parser.parse_args(argv)
+    try:
+        require_harness()
+        manager = load_tasks(args.tasks, args.include)
+        model, tokenizer, max_length = model_from_weights(args.source, args.tokenizer)
+    except (ConfigError, CheckpointError) as error:
+        print(f'error: {error}', file=sys.stderr)
+        return 2
+    on_gpu = args.device.startswith('cuda')
+    harness = HarnessModel(model.to(args.device), tokenizer, max_length, args.batch_tokens, args.device,
+                           getattr(torch, args.dtype) if on_gpu and args.dtype != 'float32' else None)
+    limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
+    results = run_tasks(harness, args.tasks, manager, limit, args.num_fewshot)
+    from lm_eval.utils import make_table
+    print(make_table(results))
+    if args.json:
+        with open(args.json, 'w') as file:
+            json.dump({key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, file,
+                      indent=1, default=str)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1:]))

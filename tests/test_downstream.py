@@ -1,0 +1,203 @@
+"""Downstream evaluation: our model under lm-evaluation-harness scores the harness's tasks as the harness's own HF
+backend scores the same weights (a tiny model trained a few steps and exported with to-hf; CPU, fp32)."""
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+from transformers import AutoTokenizer
+
+from data_prep.train_tokenizer import BOS, EOS, train_bpe
+from llmfoundry_ext.checkpoint import export_to_hf
+from llmfoundry_ext.data.mds import write_mds
+from llmfoundry_ext.downstream import HarnessModel, model_input, token_batches
+from llmfoundry_ext.model.llama import Transformer
+from llmfoundry_ext.preflight import prepare
+from llmfoundry_ext.train import train
+from llmfoundry_ext.weights import load_weights_folder, load_into
+from scripts.evaluate import main as evaluate_main
+from tests.conftest import write_yaml
+
+CHOICE_TASK = """task: arithmetic_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: what is {{{{a}}}} plus {{{{b}}}}?\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+LAST_WORD_TASK = """task: last_word
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood
+doc_to_text: "{{{{text.split(' ')[:-1] | join(' ')}}}}"
+doc_to_target: "{{{{' ' + text.split(' ')[-1]}}}}"
+metric_list:
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+WORDS = 'the cat dog sat ran on under mat hill and then a big small red green house tree'.split()
+
+
+def arithmetic_questions(count: int) -> list[dict]:
+    """Sums with four choices of different lengths (the sum, +7, the product, +100), the answer's place varying."""
+    generator = random.Random(0)
+    questions = []
+    for _ in range(count):
+        a, b = generator.randint(1, 60), generator.randint(1, 60)
+        choices = [f' {value}' for value in (a + b, a + b + 7, a * b, a + b + 100)]
+        generator.shuffle(choices)
+        questions.append({'a': a, 'b': b, 'choices': choices, 'answer': choices.index(f' {a + b}')})
+    return questions
+
+
+def sentences(count: int) -> list[dict]:
+    generator = random.Random(1)
+    return [{'text': ' '.join(generator.choice(WORDS) for _ in range(generator.randint(4, 12)))}
+            for _ in range(count)]
+
+
+def write_jsonl(path, rows: list[dict]) -> str:
+    path.write_text(''.join(json.dumps(row) + '\n' for row in rows))
+    return str(path)
+
+
+@pytest.fixture(scope='module')
+def tasks_folder(tmp_path_factory) -> str:
+    """A 240-question multiple-choice task and a 120-text last-word task, as harness task YAMLs over local JSON."""
+    folder = tmp_path_factory.mktemp('tasks')
+    (folder / 'arithmetic_choice.yaml').write_text(CHOICE_TASK.format(
+        data=write_jsonl(folder / 'arithmetic.jsonl', arithmetic_questions(240))))
+    (folder / 'last_word.yaml').write_text(LAST_WORD_TASK.format(
+        data=write_jsonl(folder / 'last_word.jsonl', sentences(120))))
+    return str(folder)
+
+
+def training_texts() -> list[str]:
+    """Text like the tasks' (other sums and sentences), so the tiny model scores them better than chance."""
+    sums = [f'Question: what is {q["a"]} plus {q["b"]}?\nAnswer: {q["a"] + q["b"]}' for q in arithmetic_questions(600)]
+    return sums[240:] + [row['text'] for row in sentences(600)[120:]]
+
+
+@pytest.fixture(scope='module')
+def tokenizer_folder(tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp('tokenizer')
+    train_bpe(training_texts(), vocab_size=300).save(str(folder / 'tokenizer.json'))
+    (folder / 'tokenizer_config.json').write_text(json.dumps(
+        {'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': BOS, 'eos_token': EOS}))
+    return str(folder)
+
+
+@pytest.fixture
+def trained(tiny_config, tmp_path, tokenizer_folder) -> str:
+    """The tiny model trained 200 batches (fp32) on the training texts and exported with to-hf, its tokenizer
+    beside it."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    ids = np.array([token for text in training_texts() for token in tokenizer.encode(text + EOS)], dtype=np.uint32)
+    windows = ids[:len(ids) // 32 * 32].reshape(-1, 32)
+    write_mds(str(tmp_path / 'texts'), windows, {'source': 'texts', 'window': 32})
+    tiny_config.update(max_duration='200ba', parallelism={'fsdp': None}, optimizer={'name': 'decoupled_adamw', 'lr': 3e-3})
+    tiny_config['data'] = {'tokenizer': tokenizer_folder, 'train': {'streams': {'texts': {'local': str(
+        tmp_path / 'texts')}}, 'shuffle_seed': 3}}
+    train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
+    return str(tmp_path / 'checkpoints' / 'tiny')
+
+
+def harness_model(folder: str, batch_tokens: int) -> HarnessModel:
+    config, tensors = load_weights_folder(folder)
+    transformer = Transformer(config).eval()
+    load_into(transformer, tensors)
+    return HarnessModel(transformer, AutoTokenizer.from_pretrained(folder), config.max_seq_len, batch_tokens)
+
+
+def evaluate(tasks_folder: str, model, model_args: dict | None = None) -> dict:
+    return simple_evaluate(model=model, model_args=model_args, tasks=['arithmetic_choice', 'last_word'],
+                           device='cpu', batch_size=16, task_manager=TaskManager(include_path=tasks_folder),
+                           log_samples=True)
+
+
+def per_sample(results: dict, task: str) -> list[tuple[int, list]]:
+    return sorted((sample['doc_id'], [response[0] for response in sample['resps']])
+                  for sample in results['samples'][task])
+
+
+def assert_same_scores(ours: dict, theirs: dict) -> None:
+    """Equal metrics (to float rounding) and, sample by sample, log-likelihoods within 1e-4 and the same greedy
+    flags."""
+    for task, metrics in (('arithmetic_choice', ('acc,none', 'acc_norm,none')),
+                          ('last_word', ('acc,none', 'perplexity,none'))):
+        print(task, {metric: (ours['results'][task][metric], theirs['results'][task][metric]) for metric in metrics})
+        for metric in metrics:
+            assert ours['results'][task][metric] == pytest.approx(theirs['results'][task][metric], rel=1e-5, abs=0)
+        ours_samples, their_samples = per_sample(ours, task), per_sample(theirs, task)
+        assert [doc for doc, _ in ours_samples] == [doc for doc, _ in their_samples]
+        for (_, our_responses), (_, their_responses) in zip(ours_samples, their_samples):
+            assert [greedy for _, greedy in our_responses] == [greedy for _, greedy in their_responses]
+            assert [ll for ll, _ in our_responses] == pytest.approx([ll for ll, _ in their_responses], abs=1e-4)
+
+
+@pytest.mark.timeout(600)
+def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(trained, tasks_folder, tmp_path):
+    """Ours on the to-hf export and scripts/evaluate.py on the run's checkpoint, beside the harness's HF backend."""
+    export_to_hf(trained, str(tmp_path / 'hf'), torch.float32)
+    theirs = evaluate(tasks_folder, 'hf', {'pretrained': str(tmp_path / 'hf'), 'dtype': 'float32'})
+    ours = evaluate(tasks_folder, harness_model(str(tmp_path / 'hf'), batch_tokens=200))
+    assert_same_scores(ours, theirs)
+    assert evaluate_main([trained, '--tasks', 'arithmetic_choice', 'last_word', '--include', tasks_folder,
+                          '--batch-tokens', '300', '--json', str(tmp_path / 'evaluate.json')]) == 0
+    assert_same_scores(json.loads((tmp_path / 'evaluate.json').read_text()), theirs)
+    choice, last_word = ours['results']['arithmetic_choice'], ours['results']['last_word']
+    assert choice['acc,none'] != choice['acc_norm,none']  # the choices' lengths differ, so the norm matters
+    assert choice['acc,none'] > 0.3 and last_word['acc,none'] > 0  # trained: better than chance (0.25, 1/18)
+
+
+def test_batches_hold_at_most_the_token_budget_longest_first():
+    lengths = [5, 30, 12, 12, 40, 3]
+    assert token_batches(lengths, 40) == [[4], [1], [2, 3, 0], [5]]
+    assert token_batches(lengths, 1000) == [[4, 1, 2, 3, 0, 5]]
+    assert token_batches([], 40) == []
+
+
+def test_model_input_drops_the_last_token_and_cuts_from_the_left():
+    assert model_input([1, 2, 3], [4, 5], max_length=10) == ([1, 2, 3, 4], [4, 5])
+    assert model_input([1, 2, 3], [4, 5], max_length=3) == ([2, 3, 4], [4, 5])
+
+
+def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder, tokenizer_folder, tmp_path,
+                                                                    capsys):
+    (tmp_path / 'lost.yaml').write_text(CHOICE_TASK.replace('arithmetic_choice', 'lost_data').format(
+        data=str(tmp_path / 'missing.jsonl')))
+    cases = [
+        (['--tasks', 'no_such_task', '--include', tasks_folder],
+         f"error: downstream task 'no_such_task' is neither one of the harness's nor in {tasks_folder}; check the "
+         f"name (lm_eval ls tasks)"),
+        (['--tasks', 'arithmetic_choice', '--include', str(tmp_path / 'nowhere')],
+         f'error: {tmp_path}/nowhere: no such task file or folder; give harness task YAMLs (or a folder of them)'),
+        (['--tasks', 'lost_data', '--include', str(tmp_path / 'lost.yaml')],
+         "error: downstream task 'lost_data' cannot be loaded (FileNotFoundError: Unable to find "
+         f"'{tmp_path}/missing.jsonl'); put its data on disk and point the task at it (dataset_path: json, "
+         "data_files)"),
+    ]
+    for arguments, message in cases:
+        assert evaluate_main([str(tmp_path / 'no-model'), *arguments]) == 2
+        assert capsys.readouterr().err.strip() == message
+    assert evaluate_main([str(tmp_path / 'no-model'), '--tasks', 'arithmetic_choice', '--include', tasks_folder]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f'error: {tmp_path}/no-model: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or '
+        f'one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')
