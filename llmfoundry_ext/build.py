@@ -6,6 +6,7 @@ import torch
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.callbacks.console_line import ConsoleLine
+from llmfoundry_ext.callbacks.downstream_eval import DownstreamEvaluation
 from llmfoundry_ext.callbacks.expert_load import ExpertLoad
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
 from llmfoundry_ext.config import TrainConfig
@@ -76,6 +77,16 @@ def build_collator(run: Run) -> Collator:
                     mask_token_id=run.mask_token_id)
 
 
+def downstream_callbacks(config: TrainConfig) -> list:
+    """The harness tasks' evaluation every ``downstream.interval`` batches, where the YAML asks for it."""
+    downstream = config.downstream
+    if downstream is None:
+        return []
+    results = os.path.join(config.checkpoint_folder, 'downstream') if config.checkpoint_folder else None
+    return [DownstreamEvaluation(downstream, downstream.interval_batches(config.eval_interval), config.data.tokenizer,
+                                 config.model.max_seq_len, config.precision, results)]  # the model's context
+
+
 def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None) -> Trainer:
     """Composer's Trainer for the run; ``model`` replaces the config's model (same data, optimizer, FSDP2)."""
     config = run.config
@@ -111,7 +122,7 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=composer_parallelism(config),
-        callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks,
+        callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks, *downstream_callbacks(config),
                    *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),
         loggers=build_loggers(config),

@@ -133,6 +133,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class DownstreamConfig:
+    """lm-evaluation-harness tasks scored during training (``downstream.py``; pip install 'llmfoundry_ext[eval]')."""
+    tasks: list[str] = field(default_factory=list)    # the harness's task names, or those of include's YAMLs
+    include: list[str] = field(default_factory=list)  # task YAML files or folders (their data on disk)
+    limit: Optional[float] = None      # examples per task (a fraction of each below 1); None: all
+    num_fewshot: Optional[int] = None  # None: each task's own
+    interval: Optional[str] = None     # in batches, e.g. 1000ba; None: eval_interval
+    batch_tokens: int = 8192           # tokens a forward (requests sorted by length, padded to a batch's longest)
+
+    def interval_batches(self, eval_interval: str) -> int | None:
+        """The interval (or ``eval_interval``) as a number of batches; None if it is not one."""
+        text = self.interval or eval_interval
+        digits = text.removesuffix('ba')
+        return int(digits) if text.endswith('ba') and digits.isdigit() and int(digits) > 0 else None
+
+
+@dataclass
 class TrainConfig:
     run_name: str
     model: ModelConfig
@@ -158,6 +175,7 @@ class TrainConfig:
     console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
     node_timeout_s: float = 30.0           # a job over several nodes stops when one is silent this long (node_watch)
+    downstream: Optional[DownstreamConfig] = None  # harness tasks evaluated every downstream.interval
 
     @property
     def data_parallel_size(self) -> int:
@@ -348,6 +366,7 @@ def validate(config: TrainConfig) -> None:
     for key in ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval'):
         check_duration(config, key)
     check_console(config)
+    check_downstream(config)
     for split in ('train', 'eval'):
         loader = getattr(config.data, split)
         if loader is not None:
@@ -477,6 +496,20 @@ def check_console(config: TrainConfig) -> None:
     if config.console == 'line' and not config.log_interval.endswith('ba'):
         raise ConfigError(f'log_interval: {config.log_interval}: the console line is printed every so many batches; '
                           f'give batches (e.g. 10ba) or set console=full')
+
+
+def check_downstream(config: TrainConfig) -> None:
+    downstream = config.downstream
+    if downstream is None:
+        return
+    if not downstream.tasks:
+        raise ConfigError('downstream.tasks: name at least one task (the harness\'s, or one of downstream.include\'s '
+                          'YAMLs), or set downstream=null')
+    if not downstream.interval_batches(config.eval_interval):
+        raise ConfigError(f'downstream.interval: {downstream.interval or config.eval_interval} (default eval_interval) '
+                          f'is not a number of batches; give e.g. 1000ba')
+    if downstream.batch_tokens < 1:
+        raise ConfigError(f'downstream.batch_tokens: must be positive, got {downstream.batch_tokens}')
 
 
 def check_duration(config: TrainConfig, key: str) -> None:

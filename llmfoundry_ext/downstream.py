@@ -162,10 +162,10 @@ def require_harness() -> None:
         raise ConfigError(HARNESS_MISSING)
 
 
-def load_tasks(tasks: list[str], include: list[str]):
-    """The harness's TaskManager over its own tasks and the task YAML files or folders of ``include``, with every
-    task of ``tasks`` built (which loads its dataset): an unknown name or a task whose data cannot be loaded is one
-    line, before any scoring."""
+def load_tasks(tasks: list[str], include: list[str]) -> tuple[object, dict[str, int]]:
+    """The harness's TaskManager over its own tasks and the task YAML files or folders of ``include``, and each task
+    of ``tasks`` built (which loads its dataset) and counted: an unknown name or a task whose data cannot be loaded
+    is one line, before any scoring. Returns the manager and each task's number of examples."""
     require_harness()
     from lm_eval.tasks import TaskManager, get_task_dict
     for path in include:
@@ -177,14 +177,31 @@ def load_tasks(tasks: list[str], include: list[str]):
         if name not in manager.all_tasks:
             raise ConfigError(f"downstream task '{name}' is neither one of the harness's nor in "
                               f"{', '.join(include) or 'an --include path'}; check the name (lm_eval ls tasks)")
+    examples = {}
     for name in tasks:
         try:
-            get_task_dict([name], manager)
+            examples[name] = count_examples(get_task_dict([name], manager))
         except Exception as error:  # the harness and datasets raise anything from ValueError to FileNotFoundError
             raise ConfigError(f"downstream task '{name}' cannot be loaded ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}); put its data on disk and point "
                               f"the task at it (dataset_path: json, data_files)") from None
-    return manager
+    return manager, examples
+
+
+def count_examples(built: dict) -> int:
+    """The examples of a ``get_task_dict`` result (a group's: its tasks')."""
+    return sum(count_examples(task) if isinstance(task, dict) else len(task.eval_docs) for task in built.values())
+
+
+def metrics_of(results: dict) -> dict[str, float]:
+    """``metrics/downstream/<task>/<metric>`` of the harness's results (its standard errors left out)."""
+    metrics = {}
+    for task, values in results['results'].items():
+        for key, value in values.items():
+            metric, _, _ = key.partition(',')
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not metric.endswith('_stderr'):
+                metrics[f'metrics/downstream/{task}/{metric}'] = float(value)
+    return metrics
 
 
 def run_tasks(model: 'HarnessModel', tasks: list[str], manager, limit: int | float | None = None,
@@ -215,7 +232,7 @@ def harness_tokenizer(folder: str | None):
     """transformers' tokenizer of a tokenizer folder, as the harness's HF backend reads one; it must name its EOS."""
     if folder is None or not os.path.isfile(os.path.join(folder, 'tokenizer_config.json')):
         raise ConfigError(f'{folder}: no tokenizer_config.json naming the tokenizer\'s eos_token (and bos_token, if it '
-                          f'has one); add one, or give --tokenizer a folder that has it')
+                          f'has one); add one, or use a tokenizer folder that has it')
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.eos_token_id is None:

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.build import build_trainer
-from llmfoundry_ext.callbacks.console_line import total_batches
+from llmfoundry_ext.callbacks.console_line import EVAL_LOSS, total_batches
+from llmfoundry_ext.callbacks.downstream_eval import DownstreamEvaluation
 from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
@@ -148,10 +149,22 @@ def start_summary(run: Run, trainer) -> str:
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
         checkpoint_line(config),
+        *downstream_line(run),
         (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
          '  starting from scratch (no checkpoint found)'),
     ]
     return '\n'.join(lines)
+
+
+def downstream_line(run: Run) -> list[str]:
+    """'  downstream every 50 batches: task (240 examples), ...', with downstream."""
+    config = run.config
+    downstream = config.downstream
+    if downstream is None:
+        return []
+    tasks = ', '.join(f'{name} ({count:,} examples)' for name, count in run.downstream_examples.items())
+    limit = f'; limit {downstream.limit:g} a task' if downstream.limit is not None else ''
+    return [f'  downstream every {downstream.interval_batches(config.eval_interval)} batches: {tasks}{limit}']
 
 
 def parallel_layout(trainer) -> str:
@@ -190,7 +203,26 @@ def end_summary(config: TrainConfig, trainer) -> str:
     speeds = history.get('throughput/tokens_per_sec')
     if speeds:
         lines.append(f'  {float(speeds[-1][1]):,.0f} tokens/s over the last batches')
-    return '\n'.join(lines)
+    evaluations = next((callback.history for callback in trainer.state.callbacks
+                        if isinstance(callback, DownstreamEvaluation)), [])
+    return '\n'.join(lines + downstream_summary(evaluations, history.get(EVAL_LOSS, []),
+                                                trainer.state.timestamp.total_wct.total_seconds()))
+
+
+def downstream_summary(evaluations: list, held_out: list, run_seconds: float) -> list[str]:
+    """Each downstream metric by batch (and the held-out loss, where an in_memory logger kept it), and what the
+    evaluations cost."""
+    if not evaluations:
+        return []
+    lines = [f'  held-out loss by batch: ' + ', '.join(f'{int(time.batch)} {float(value):.4f}'
+                                                     for time, value in held_out)] if held_out else []
+    for name in evaluations[0][1]:
+        lines.append(f"  {name.removeprefix('metrics/downstream/')} by batch: " + ', '.join(
+            f'{batch} {metrics[name]:.4f}' for batch, metrics, _ in evaluations))
+    spent = sum(seconds for _, _, seconds in evaluations)
+    lines.append(f'  downstream: {len(evaluations)} evaluations, {spent / len(evaluations):.1f} s each '
+                 f'({spent:.0f} s; the run\'s clock {run_seconds:.0f} s)')
+    return lines
 
 
 def logged_history(trainer) -> dict:

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         require_harness()
-        manager = load_tasks(args.tasks, args.include)
+        manager, _ = load_tasks(args.tasks, args.include)
         model, tokenizer, max_length = model_from_weights(args.source, args.tokenizer)
     except (ConfigError, CheckpointError) as error:
         print(f'error: {error}', file=sys.stderr)

@@ -19,7 +19,7 @@ from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train
 from llmfoundry_ext.weights import load_weights_folder, load_into
 from scripts.evaluate import main as evaluate_main
-from tests.conftest import write_yaml
+from tests.conftest import change, changes, config_error, write_yaml
 
 CHOICE_TASK = """task: arithmetic_choice
 dataset_path: json
@@ -105,17 +105,24 @@ def tokenizer_folder(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def trained(tiny_config, tmp_path, tokenizer_folder) -> str:
-    """The tiny model trained 200 batches (fp32) on the training texts and exported with to-hf, its tokenizer
-    beside it."""
+def texts_config(tiny_config, tmp_path, tokenizer_folder) -> dict:
+    """The tiny run on the training texts (32-token windows of their ids), 200 batches at lr 3e-3, fp32, one
+    process without FSDP."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     ids = np.array([token for text in training_texts() for token in tokenizer.encode(text + EOS)], dtype=np.uint32)
     windows = ids[:len(ids) // 32 * 32].reshape(-1, 32)
     write_mds(str(tmp_path / 'texts'), windows, {'source': 'texts', 'window': 32})
-    tiny_config.update(max_duration='200ba', parallelism={'fsdp': None}, optimizer={'name': 'decoupled_adamw', 'lr': 3e-3})
+    tiny_config.update(max_duration='200ba', parallelism={'fsdp': None},
+                       optimizer={'name': 'decoupled_adamw', 'lr': 3e-3})
     tiny_config['data'] = {'tokenizer': tokenizer_folder, 'train': {'streams': {'texts': {'local': str(
         tmp_path / 'texts')}}, 'shuffle_seed': 3}}
-    train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
+    return tiny_config
+
+
+@pytest.fixture
+def trained(texts_config, tmp_path) -> str:
+    """The run folder of the tiny model trained on the texts."""
+    train(prepare(write_yaml(texts_config, tmp_path / 'run.yaml'))).close()
     return str(tmp_path / 'checkpoints' / 'tiny')
 
 
@@ -201,3 +208,33 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
     assert capsys.readouterr().err.strip() == (
         f'error: {tmp_path}/no-model: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or '
         f'one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')
+
+
+def test_bad_downstream_sections_are_one_line_before_training(tiny_config, tmp_path, tasks_folder, tokenizer_folder,
+                                                              monkeypatch):
+    bare = tmp_path / 'bare-tokenizer'
+    bare.mkdir()
+    (bare / 'tokenizer.json').write_text(open(f'{tokenizer_folder}/tokenizer.json').read())
+    tiny_config['data']['tokenizer'] = tokenizer_folder
+    section = {'tasks': ['arithmetic_choice'], 'include': [tasks_folder], 'interval': '10ba'}
+    cases = [
+        (change('downstream', {**section, 'tasks': []}),
+         "downstream.tasks: name at least one task (the harness's, or one of downstream.include's YAMLs), or set "
+         "downstream=null"),
+        (change('downstream', {**section, 'interval': '2ep'}),
+         'downstream.interval: 2ep (default eval_interval) is not a number of batches; give e.g. 1000ba'),
+        (change('downstream', {**section, 'tasks': ['hellaswag_local']}),
+         f"downstream task 'hellaswag_local' is neither one of the harness's nor in {tasks_folder}; check the name "
+         f"(lm_eval ls tasks)"),
+        (changes(('downstream', section), ('data.tokenizer', 'DELETE')),
+         "downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set data.tokenizer"),
+        (changes(('downstream', section), ('data.tokenizer', str(bare))),
+         f"{bare}: no tokenizer_config.json naming the tokenizer's eos_token (and bos_token, if it has one); add "
+         f"one, or use a tokenizer folder that has it"),
+    ]
+    for mutate, message in cases:
+        assert config_error(prepare, tiny_config, tmp_path, mutate) == message
+    monkeypatch.setattr('llmfoundry_ext.downstream.harness_utils', None)  # as without the eval extra
+    assert config_error(prepare, tiny_config, tmp_path, change('downstream', section)) == (
+        "downstream evaluation needs lm-evaluation-harness, which is not installed: pip install "
+        "'llmfoundry_ext[eval]'")
