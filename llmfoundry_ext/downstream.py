@@ -7,14 +7,25 @@ requests sorted by length and cut into batches of at most ``batch_tokens`` token
 request (not to the model's context), the log-probabilities taken at the continuation's positions alone. On several
 ranks each scores its share through the sharded model, and every rank runs the same number of forwards (FSDP2
 gathers each block's weights in a forward, with every rank taking part).
+
+During training (the YAML's ``downstream`` section) ``DownstreamEvaluation`` runs the harness every ``interval``
+batches: Composer's evaluators run a dataloader through the model's metrics, where a harness task is requests built
+from documents, scored and aggregated by the harness, so it is a callback around the harness's own evaluation.
 """
+import json
 import os
+import time
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
+from composer.core import Callback, State
+from composer.loggers import Logger
+from tqdm import tqdm
 
+from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.checkpoint import read_checkpoint_weights
+from llmfoundry_ext.config import DownstreamConfig
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.weights import HF_CONFIG, NATIVE_CONFIG, family_of, load_into, load_weights_folder
 
@@ -239,3 +250,54 @@ def harness_tokenizer(folder: str | None):
         raise ConfigError(f'{folder}/tokenizer_config.json: names no eos_token; add it (the harness ends texts with '
                           f'it)')
     return tokenizer
+
+
+SECONDS = 'metrics/downstream/seconds'
+AUTOCAST = {'amp_bf16': torch.bfloat16, 'amp_fp8': torch.bfloat16, 'amp_fp16': torch.float16}
+
+
+class DownstreamEvaluation(Callback):
+    """Every ``every`` batches, each rank scores its share of the tasks through the (sharded) model; rank 0 logs the
+    harness's metrics as ``metrics/downstream/<task>/<metric>`` to every logger, prints them and, where the run saves
+    checkpoints, writes the harness's results as ``<results_folder>/ba<N>.json``."""
+
+    def __init__(self, config: DownstreamConfig, every: int, tokenizer: str, max_length: int, precision: str,
+                 results_folder: str | None):
+        self.config, self.every, self.tokenizer_folder = config, every, tokenizer
+        self.max_length, self.autocast_dtype = max_length, AUTOCAST.get(precision)
+        self.results_folder = results_folder
+        self.manager = self.tokenizer = None
+        self.history: list[tuple[int, dict[str, float], float]] = []  # rank 0: (batch, metrics, seconds) each time
+
+    def fit_start(self, state: State, logger: Logger) -> None:
+        self.manager, _ = load_tasks(self.config.tasks, self.config.include)
+        self.tokenizer = harness_tokenizer(self.tokenizer_folder)
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        batch = int(state.timestamp.batch)
+        if batch % self.every == 0:
+            self.evaluate(state, logger, batch)
+
+    def evaluate(self, state: State, logger: Logger, batch: int) -> None:
+        started = time.perf_counter()
+        model = state.model.model
+        model.eval()
+        harness = HarnessModel(model, self.tokenizer, self.max_length, self.config.batch_tokens,
+                               next(model.parameters()).device, self.autocast_dtype)
+        limit = self.config.limit
+        results = run_tasks(harness, self.config.tasks, self.manager,
+                            int(limit) if limit is not None and limit >= 1 else limit, self.config.num_fewshot)
+        model.train()
+        if harness.rank != 0:  # the harness gathers the results on rank 0
+            return
+        seconds = time.perf_counter() - started
+        metrics = metrics_of(results)
+        logger.log_metrics({**metrics, SECONDS: seconds})
+        self.history.append((batch, metrics, seconds))
+        tqdm.write(f'downstream at batch {batch}  ' + '  '.join(
+            f"{name.removeprefix('metrics/downstream/')} {value:.4f}" for name, value in metrics.items())
+            + f'  ({seconds:.1f} s)')
+        if self.results_folder:
+            os.makedirs(self.results_folder, exist_ok=True)
+            write_atomically(os.path.join(self.results_folder, f'ba{batch}.json'), json.dumps(
+                {key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, default=str))
