@@ -1,9 +1,12 @@
 """The demo's data: a small mixed corpus from text every machine has (the Python standard library), its BPE
 tokenizer, and MDS shards per domain with held-out documents.
 
-code: the source files; prose: their docstrings; math: generated arithmetic. Deterministic.
+code: the source files; prose: their docstrings; math: generated arithmetic. Deterministic. Beside them, the demo's
+downstream task (``write_demo_task``): a held-out code line's next line among four, as an lm-evaluation-harness task
+over local JSON.
 """
 import ast
+import json
 import os
 import random
 import sysconfig
@@ -11,7 +14,7 @@ import time
 from collections.abc import Iterator
 
 from data_prep.packing import pack, tokenize_documents
-from data_prep.train_tokenizer import EOS, train_bpe
+from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from llmfoundry_ext.data.mds import file_sha256, write_mds
 
 DOMAINS = ('code', 'prose', 'math')
@@ -70,6 +73,65 @@ def math_documents(count: int, problems_per_document: int = 40, seed: int = 0) -
             result = a + b if op == '+' else a - b if op == '-' else a * b
             lines.append(f'{a} {op} {b} = {result}')
         yield '\n'.join(lines)
+
+
+def next_line_questions(documents: list[str], count: int, seed: int = 1) -> list[dict]:
+    """Three lines of a document, and four candidates for its next line: the real one and three lines of other
+    documents (a HellaSwag of code; chance 0.25): a model that has learnt the code's local structure (indentation,
+    names, brackets) picks the real one more often."""
+    rng = random.Random(seed)
+    lines = [[line for line in document.splitlines() if line.strip()] for document in documents]
+    documents_lines = [document for document in lines if len(document) >= 5]
+    questions = []
+    while len(questions) < count:
+        index = rng.randrange(len(documents_lines))
+        document = documents_lines[index]
+        at = rng.randrange(3, len(document))
+        others = [rng.choice(documents_lines[other]) for other in rng.sample(range(len(documents_lines)), 4)
+                  if other != index][:3]
+        choices = [document[at], *others]
+        if len(set(choices)) < 4:
+            continue
+        rng.shuffle(choices)
+        questions.append({'context': '\n'.join(document[at - 3:at]) + '\n', 'choices': choices,
+                          'answer': choices.index(document[at])})
+    return questions
+
+
+DEMO_TASK = """task: demo_next_line
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def write_demo_task(root: str, questions: int = 200, files: int = 600) -> None:
+    """``<root>/tasks/demo_next_line.yaml`` over ``demo_next_line.jsonl``, made from the held-out code documents (the
+    val split's), and the tokenizer's ``tokenizer_config.json`` naming its BOS and EOS, which the harness reads it
+    by."""
+    tasks = os.path.join(root, 'tasks')
+    os.makedirs(tasks, exist_ok=True)
+    held_out = list(code_documents(stdlib_files(files)))[::VAL_EVERY]
+    data = os.path.abspath(os.path.join(tasks, 'demo_next_line.jsonl'))
+    with open(data, 'w') as file:
+        file.writelines(json.dumps(question) + '\n' for question in next_line_questions(held_out, questions))
+    with open(os.path.join(tasks, 'demo_next_line.yaml'), 'w') as file:
+        file.write(DEMO_TASK.format(data=data))
+    with open(os.path.join(root, 'tokenizer', 'tokenizer_config.json'), 'w') as file:
+        json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': BOS, 'eos_token': EOS}, file)
 
 
 def demo_corpus(files: int = 600, math_docs: int = 600) -> dict[str, list[str]]:

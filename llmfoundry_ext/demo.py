@@ -8,7 +8,7 @@ import subprocess
 
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.plotting import HELD_OUT_LOSS, plot_run, read_scalars
+from llmfoundry_ext.plotting import HELD_OUT_LOSS, accuracies, plot_run, read_scalars
 
 DEMO_YAML = 'yamls/demo.yaml'
 QUEUE_LIMIT_BATCHES = 150  # the first run stops here, as a job at its queue limit would
@@ -40,13 +40,18 @@ def train_demo(raw) -> None:
     else:
         print('\n== a checkpoint exists: the same command autoresumes ==', flush=True)
     launch([])
-    print(held_out_curve(os.path.join(checkpoints, 'tensorboard')), flush=True)
+    print(evaluation_curves(os.path.join(checkpoints, 'tensorboard')), flush=True)
     plot = os.path.join(os.path.dirname(checkpoints.rstrip('/')), f'{raw.run_name}.png')
     plot_run(os.path.join(checkpoints, 'tensorboard'), plot)
     print(f'loss and tokens/s curves: {plot} (python scripts/plot_run.py {checkpoints}/tensorboard {plot})', flush=True)
 
 
-def held_out_curve(tensorboard_folder: str) -> str:
-    """The held-out loss at each evaluation, over every invocation of the run."""
-    points = read_scalars(tensorboard_folder)[HELD_OUT_LOSS]
-    return '\nheld-out loss by batch  ' + ' | '.join(f'{batch}: {loss:.2f}' for batch, loss in points)
+def evaluation_curves(tensorboard_folder: str) -> str:
+    """The held-out loss and the downstream accuracies (4 choices: chance 0.25) at each evaluation, over every
+    invocation of the run."""
+    scalars = read_scalars(tensorboard_folder)
+    lines = ['\nheld-out loss by batch  ' + ' | '.join(f'{batch}: {loss:.2f}' for batch, loss in scalars[HELD_OUT_LOSS])]
+    for tag, label in accuracies(scalars):
+        lines.append(f'{label} by batch (chance 0.25)  ' + ' | '.join(f'{batch}: {value:.3f}'
+                                                                      for batch, value in scalars[tag]))
+    return '\n'.join(lines)

@@ -205,12 +205,14 @@ def count_examples(built: dict) -> int:
 
 
 def metrics_of(results: dict) -> dict[str, float]:
-    """``metrics/downstream/<task>/<metric>`` of the harness's results (its standard errors left out)."""
+    """``metrics/downstream/<task>/<metric>`` of the harness's results ('metric,filter' keys; their standard errors
+    left out)."""
     metrics = {}
     for task, values in results['results'].items():
         for key, value in values.items():
-            metric, _, _ = key.partition(',')
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and not metric.endswith('_stderr'):
+            metric, comma, _ = key.partition(',')
+            if comma and isinstance(value, (int, float)) and not isinstance(value, bool) and not metric.endswith(
+                    '_stderr'):
                 metrics[f'metrics/downstream/{task}/{metric}'] = float(value)
     return metrics
 

@@ -25,7 +25,13 @@ def read_scalars(run_folder: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def evaluated(tag: str) -> bool:
-    return tag.startswith('metrics/eval/')
+    return tag.startswith(('metrics/eval/', 'metrics/downstream/'))
+
+
+def accuracies(scalars: dict) -> list[tuple[str, str]]:
+    """The downstream tasks' accuracies logged (``metrics/downstream/<task>/acc``, ``acc_norm``), as (tag, label)."""
+    return [(tag, tag.removeprefix('metrics/downstream/')) for tag in sorted(scalars)
+            if tag.startswith('metrics/downstream/') and tag.endswith(('/acc', '/acc_norm'))]
 
 
 def batch(tag: str, step: int) -> int:
@@ -36,13 +42,14 @@ def batch(tag: str, step: int) -> int:
 
 def plot_run(run_folder: str, out_png: str) -> dict[str, int]:
     """Write the PNG, a panel for each of PANELS' titles with a metric the run logged (MFU only on GPUs, held-out
-    loss only with evaluation); returns how many points each metric drew."""
+    loss only with evaluation) and one of the downstream accuracies; returns how many points each metric drew."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
 
     scalars = read_scalars(run_folder)
-    panels = {title: [(tag, label) for tag, label in lines if scalars.get(tag)] for title, lines in PANELS.items()}
+    panels = {title: [(tag, label) for tag, label in lines if scalars.get(tag)]
+              for title, lines in {**PANELS, 'downstream accuracy': accuracies(scalars)}.items()}
     panels = {title: lines for title, lines in panels.items() if lines}
     if not panels:
         raise ValueError(f"{run_folder}: none of {', '.join(t for lines in PANELS.values() for t, _ in lines)} "

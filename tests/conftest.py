@@ -156,14 +156,17 @@ def config_error(read, tiny_config: dict, tmp_path, mutate) -> str:
 
 
 def demo_data(root) -> str:
-    """demo.yaml's data layout (code / prose / math MDS folders, train and val, and a tokenizer), random tokens."""
+    """demo.yaml's data layout (code / prose / math MDS folders, train and val, a tokenizer, the downstream task),
+    random tokens."""
     for seed, domain in enumerate(('code', 'prose', 'math')):
         for split, windows in (('train', 200), ('val', 40)):
             write_mds(str(root / domain / split), random_windows(windows, 256, 2048, seed), {'source': domain,
                                                                                             'window': 256})
+    from data_prep.demo_corpus import write_demo_task
     from data_prep.train_tokenizer import train_bpe
     os.makedirs(root / 'tokenizer')
     train_bpe(['demo text'] * 10, vocab_size=300).save(str(root / 'tokenizer' / 'tokenizer.json'))
+    write_demo_task(str(root))  # the downstream task demo.yaml names
     return str(root)
 
 

@@ -35,7 +35,7 @@ def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):
 
 
 def test_plot_run_draws_every_logged_batch_across_invocations(tiny_config, tmp_path):
-    from llmfoundry_ext.demo import held_out_curve
+    from llmfoundry_ext.demo import evaluation_curves
     tiny_config.update(parallelism={'fsdp': None}, max_duration='6ba', callbacks={'speed_monitor': {'window_size': 2}},
                        eval_interval='2ba')
     tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}},
@@ -49,5 +49,5 @@ def test_plot_run_draws_every_logged_batch_across_invocations(tiny_config, tmp_p
     # only 2 batches. MFU needs a GPU's peak FLOP/s: on the CPU it is not logged, and has no panel.
     assert drawn == {'loss/train/total': 6, 'metrics/eval/LanguageCrossEntropy': 3,
                      'throughput/device/tokens_per_sec': 2}
-    assert re.findall(r'(\d+): \d\.\d\d', held_out_curve(tensorboard)) == ['2', '4', '6']
+    assert re.findall(r'(\d+): \d\.\d\d', evaluation_curves(tensorboard)) == ['2', '4', '6']
     assert open(tmp_path / 'run.png', 'rb').read(8) == b'\x89PNG\r\n\x1a\n'

@@ -254,8 +254,8 @@ METRICS = ('arithmetic_choice/acc', 'arithmetic_choice/acc_norm', 'last_word/acc
 
 
 def run_in(config: dict, folder, downstream: dict | None) -> dict:
-    """``config`` saving under ``folder`` (checkpoints every 100 batches, the sample ledger), with ``downstream``."""
-    config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '100ba'},
+    """``config`` saving under ``folder`` (checkpoints every 50 batches, the sample ledger), with ``downstream``."""
+    config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '50ba'},
               'callbacks': {'sample_ledger': {'folder': str(folder / 'ledger')}}}
     if downstream:
         config['downstream'] = downstream
@@ -296,8 +296,8 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
 
 @pytest.mark.timeout(900)
 def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_folder, tmp_path):
-    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
-    texts_config['parallelism'] = {'fsdp': {'state_dict_type': 'sharded'}}
+    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '50ba'}
+    texts_config.update(parallelism={'fsdp': {'state_dict_type': 'sharded'}}, max_duration='100ba')
     metrics = {}
     for processes in (1, 2):
         folder = tmp_path / f'{processes}'
@@ -305,7 +305,7 @@ def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_f
         run = subprocess.run([COMPOSER, '-n', str(processes), 'train.py', yaml], cwd=REPO, capture_output=True,
                              text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
         assert run.returncode == 0, run.stderr[-3000:]
-        metrics[processes] = [in_loop(folder, batch) for batch in (100, 200)]
+        metrics[processes] = [in_loop(folder, batch) for batch in (50, 100)]
     print(metrics)
     for one, two in zip(metrics[1], metrics[2]):
         assert two == pytest.approx(one, rel=1e-4, abs=0)

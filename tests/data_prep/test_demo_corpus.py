@@ -1,0 +1,31 @@
+"""The demo's downstream task: held-out code lines' next lines among four, which the harness loads from local
+files."""
+import json
+import os
+
+from data_prep.demo_corpus import next_line_questions, write_demo_task
+from llmfoundry_ext.downstream import load_tasks
+
+DOCUMENTS = ['\n'.join(f'value_{d}_{i} = {i} * {d}' for i in range(6 + d % 3)) for d in range(20)]
+
+
+def test_next_line_questions_put_the_real_next_line_among_three_of_other_documents():
+    questions = next_line_questions(DOCUMENTS, 40)
+    assert questions == next_line_questions(DOCUMENTS, 40)  # deterministic
+    for question in questions:
+        context = question['context'].splitlines()
+        lines = next(d.splitlines() for d in DOCUMENTS if context[-1] in d.splitlines())
+        assert context == lines[lines.index(context[0]):lines.index(context[0]) + 3]
+        choices = question['choices']
+        assert len(set(choices)) == 4 and choices[question['answer']] == lines[lines.index(context[-1]) + 1]
+        assert all(choice not in lines for index, choice in enumerate(choices) if index != question['answer'])
+    assert sorted({q['answer'] for q in questions}) == [0, 1, 2, 3]
+
+
+def test_the_demo_task_loads_through_the_harness_from_its_folder(tmp_path):
+    os.makedirs(tmp_path / 'tokenizer')
+    write_demo_task(str(tmp_path), questions=30, files=40)
+    _, examples = load_tasks(['demo_next_line'], [str(tmp_path / 'tasks')])
+    assert examples == {'demo_next_line': 30}
+    config = json.loads((tmp_path / 'tokenizer' / 'tokenizer_config.json').read_text())
+    assert (config['bos_token'], config['eos_token']) == ('<|begin_of_text|>', '<|end_of_text|>')
