@@ -191,12 +191,22 @@ def load_tasks(tasks: list[str], include: list[str]) -> tuple[object, dict[str, 
     examples = {}
     for name in tasks:
         try:
-            examples[name] = count_examples(get_task_dict([name], manager))
+            built = get_task_dict([name], manager)
         except Exception as error:  # the harness and datasets raise anything from ValueError to FileNotFoundError
             raise ConfigError(f"downstream task '{name}' cannot be loaded ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}); put its data on disk and point "
                               f"the task at it (dataset_path: json, data_files)") from None
+        if 'generate_until' in output_types(built):
+            raise ConfigError(f"downstream task '{name}' generates text (output_type generate_until), which is not "
+                              f"scored here; pick log-likelihood tasks (multiple choice, loglikelihood, perplexity)")
+        examples[name] = count_examples(built)
     return manager, examples
+
+
+def output_types(built: dict) -> set[str]:
+    """The output types of a ``get_task_dict`` result's tasks."""
+    return set().union(*(output_types(task) if isinstance(task, dict) else {task.OUTPUT_TYPE}
+                         for task in built.values()))
 
 
 def count_examples(built: dict) -> int:

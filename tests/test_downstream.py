@@ -200,6 +200,11 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
                                                                     capsys):
     (tmp_path / 'lost.yaml').write_text(CHOICE_TASK.replace('arithmetic_choice', 'lost_data').format(
         data=str(tmp_path / 'missing.jsonl')))
+    generation = tmp_path / 'generation'
+    generation.mkdir()
+    (generation / 'sums.yaml').write_text(LAST_WORD_TASK.replace('last_word', 'sums_generated').replace(
+        'output_type: loglikelihood', 'output_type: generate_until').format(
+        data=write_jsonl(generation / 'sums.jsonl', sentences(5))))
     cases = [
         (['--tasks', 'no_such_task', '--include', tasks_folder],
          f"error: downstream task 'no_such_task' is neither one of the harness's nor in {tasks_folder}; check the "
@@ -210,6 +215,9 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
          "error: downstream task 'lost_data' cannot be loaded (FileNotFoundError: Unable to find "
          f"'{tmp_path}/missing.jsonl'); put its data on disk and point the task at it (dataset_path: json, "
          "data_files)"),
+        (['--tasks', 'sums_generated', '--include', str(generation)],
+         "error: downstream task 'sums_generated' generates text (output_type generate_until), which is not scored "
+         "here; pick log-likelihood tasks (multiple choice, loglikelihood, perplexity)"),
     ]
     for arguments, message in cases:
         assert evaluate_main([str(tmp_path / 'no-model'), *arguments]) == 2
