@@ -116,7 +116,7 @@ def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper,
     optimizer, schedule and clipping (but where the row's own overrides set them: the change under test) and
     ``seed``; no evaluation, checkpoints or loggers. Returns its path."""
     raw = read_yaml(row.source, row.overrides)
-    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={},
+    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={}, downstream=None,
                checkpoint={'save_folder': None, 'autoresume': False},
                optimizer={'name': 'adamw', 'fused': True, 'lr': hyper.lr, 'betas': list(hyper.betas),
                           'eps': hyper.eps, 'weight_decay': hyper.weight_decay},

@@ -10,8 +10,8 @@ LLAMA3_EOS = 128001  # <|end_of_text|>
 
 def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batches: int,
                        mean_document_tokens: int = 0) -> str:
-    """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps), no checkpoints
-    and no loggers. With ``mean_document_tokens``, EOS ends documents of random lengths (geometric, that mean), so
+    """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps), no downstream tasks, no
+    checkpoints and no loggers. With ``mean_document_tokens``, EOS ends documents of random lengths (geometric, that mean), so
     document masking has documents to keep apart. The tokens depend only on the arguments, so rows of a benchmark
     train on the same data. Returns the YAML's path."""
     raw = read_yaml(yaml_path, overrides)
@@ -25,6 +25,7 @@ def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batche
     raw['checkpoint'] = {'save_folder': None, 'autoresume': False}
     raw['callbacks'] = {name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'}
     raw['loggers'] = {}
+    raw['downstream'] = None  # its tasks read text through a tokenizer; synthetic tokens have none
     path = f'{folder}/run.yaml'
     OmegaConf.save(raw, path)
     return path
