@@ -89,15 +89,21 @@ class StepTimer(Callback):
 
 
 class LossRecorder(Callback):
-    """Every batch's training loss, and its gradients' norm before clipping where our ``GradientClipping`` clips
-    inside the optimizer, kept on the device until the run ends (no host sync per step)."""
+    """Every batch's training loss (over its micro-batches, weighted by their samples, as Composer logs it; its
+    ``state.loss`` at a batch's end is the last micro-batch's), and its gradients' norm before clipping where our
+    ``GradientClipping`` clips inside the optimizer, kept on the device until the run ends (no host sync per step)."""
 
     def __init__(self):
-        self.losses, self.grad_norms = [], []
+        self.losses, self.grad_norms, self.micro_batches = [], [], []
+
+    def after_loss(self, state: State, logger: Logger) -> None:
+        loss = state.loss['total'] if isinstance(state.loss, dict) else state.loss
+        self.micro_batches.append((loss.detach(), len(state.batch['input_ids'])))
 
     def batch_end(self, state: State, logger: Logger) -> None:
-        loss = state.loss['total'] if isinstance(state.loss, dict) else state.loss
-        self.losses.append(loss.detach())
+        samples = sum(count for _, count in self.micro_batches)
+        self.losses.append(sum(loss * (count / samples) for loss, count in self.micro_batches))
+        self.micro_batches.clear()
         clipping = next((a for a in state.algorithms if isinstance(a, GradientClipping)), None)
         if clipping is not None and clipping.last_norm is not None:
             self.grad_norms.append(clipping.last_norm.detach())

@@ -91,3 +91,24 @@ def test_rows_run_on_two_processes_over_one_data_folder_and_write_json(tmp_path)
     assert len(masked['losses']) == len(hf['losses']) == 3 and all(loss > 0 for loss in masked['losses'])
     assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
     assert '\nmasked ' in run.stdout
+
+
+@pytest.mark.parametrize('micro_batch', [2, 4])
+def test_the_recorded_loss_is_the_whole_batchs_over_its_micro_batches(micro_batch, tiny_config, tmp_path,
+                                                                      launched_alone):
+    """fp32: in micro-batches of 2 or 4 the recorded losses are those of the same batches in one micro-batch of 8
+    (Composer's ``state.loss`` at a batch's end is the last micro-batch's alone)."""
+    from llmfoundry_ext.preflight import prepare
+    from llmfoundry_ext.train import train
+    from tests.conftest import write_yaml
+
+    def recorded(device_microbatch_size: int) -> list[float]:
+        recorder = benchmark.LossRecorder()
+        tiny_config.update(max_duration='3ba', device_microbatch_size=device_microbatch_size, loggers={},
+                           checkpoint={'save_folder': None, 'autoresume': False}, callbacks={})
+        train(prepare(write_yaml(tiny_config, tmp_path / f'run{device_microbatch_size}.yaml')),
+              extra_callbacks=[recorder]).close()
+        return recorder.values()
+
+    whole = recorded(8)
+    assert recorded(micro_batch) == pytest.approx(whole, rel=1e-6) and len(whole) == 3
