@@ -3,6 +3,7 @@ import copy
 import os
 import shutil
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -26,6 +27,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if 'gpu' in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope='session')
+def shared_memory_prefix_picked_again_on_a_clash():
+    """The suite's two workers (pytest-xdist) start StreamingDatasets in one /dev/shm. streaming finds a free
+    prefix, then creates it: two datasets starting at once can find the same one, and the later creation fails
+    (FileExistsError '/0000NN_locals'). The later one looks again, as a second job on a node would."""
+    import streaming.base.dataset as dataset
+
+    find = dataset.get_shm_prefix
+
+    def found_again_on_a_clash(*args, **kwargs):
+        for attempt in range(1, 20):
+            try:
+                return find(*args, **kwargs)
+            except FileExistsError:
+                time.sleep(0.05 * attempt)
+        return find(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(dataset, 'get_shm_prefix', found_again_on_a_clash)
+        yield
 
 
 def random_windows(count: int, window: int, vocab: int, seed: int):

@@ -1,7 +1,10 @@
 import pytest
+import torch
 from composer.optim import DecoupledAdamW
+from torch.distributed.tensor import DTensor
 
 from llmfoundry_ext.build import build_trainer
+from llmfoundry_ext.model.composer_model import LanguageModel, token_mean_cross_entropy
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import write_yaml
 
@@ -32,3 +35,51 @@ def test_batch_k_trains_at_the_schedules_value_for_the_end_of_batch_k(tiny_confi
     trainer.fit()
     trainer.close()
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 5e-4, 0.0], abs=1e-12)
+
+
+
+def test_a_run_steps_as_a_plain_torch_loop_that_clips_then_steps_fused_adamw(tiny_config, tmp_path, monkeypatch,
+                                                                             launched_alone):
+    """fp32, one process under FSDP2, the clip active every batch (norms ~0.8 over a threshold of 0.5, folded into
+    fused AdamW): each batch's loss equals torch's own loop on the same weights and batches (clip_grad_norm_, fused
+    AdamW, torchtitan's warm-up and linear decay as a LambdaLR stepped after each batch)."""
+    batches, losses = [], []
+    loss_of = LanguageModel.loss
+
+    def recording(self, outputs, batch):
+        loss = loss_of(self, outputs, batch)
+        batches.append({key: value.clone() for key, value in batch.items()})
+        losses.append(loss.item())
+        return loss
+
+    monkeypatch.setattr(LanguageModel, 'loss', recording)
+    hyper = {'lr': 3e-3, 'betas': (0.9, 0.95), 'eps': 1e-8, 'weight_decay': 0.1}
+    warmup, total, threshold = 4, 16, 0.5
+    tiny_config.update(max_duration=f'{total}ba', checkpoint={'save_folder': None, 'autoresume': False}, loggers={},
+                       callbacks={}, device_microbatch_size=8,
+                       optimizer={'name': 'adamw', 'fused': True, **hyper, 'betas': list(hyper['betas'])},
+                       scheduler={'name': 'linear_with_warmup', 't_warmup': f'{warmup}ba', 'alpha_f': 0.0},
+                       algorithms={'gradient_clipping': {'clipping_type': 'norm', 'clipping_threshold': threshold}})
+    run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    trainer = build_trainer(run)
+    initial = {name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+               for name, p in trainer.state.model.model.named_parameters()}
+    trainer.fit()
+    trainer.close()
+
+    model = run.config.model.family_entry().module(run.architecture, run.kernels)
+    model.load_state_dict(initial, strict=False)  # the RoPE table is a buffer of its own
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True, **hyper)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: (step + 1) / warmup if step < warmup
+                                                 else 1 - (step + 1 - warmup) / (total - warmup))
+    reference, norms = [], []
+    for batch in batches:
+        loss = token_mean_cross_entropy(model(batch['input_ids']), batch['labels'])
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), threshold).item())
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        reference.append(loss.item())
+    assert len(losses) == total and min(norms) > threshold
+    assert losses == pytest.approx(reference, rel=1e-6)
