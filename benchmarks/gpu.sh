@@ -28,6 +28,7 @@
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise) on
 #                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
+#                                               CORPUS_MB (40) of text;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
@@ -172,18 +173,22 @@ AC=parallelism.fsdp.activation_checkpointing
 declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8]="model.float8=true")
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
-L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false"
+# torchtitan's 1B flavor: Llama-3.2-1B's shape with an untied output layer and Llama-3.1's RoPE scaling (factor 8)
+L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
 declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
-                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null" [rope8]="ours-rope8 $L model.rope_scaling_factor=8"
-                  [matched]="ours-matched $L model.rope_scaling_factor=8 parallelism.fsdp=null model.fused_kernels=[]"
+                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null"
+                  [compiled-loss]="ours-compiled-loss $L model.fused_kernels=[]" [eager]="ours-eager $L model.compile=false"
+                  [matched]="ours-matched $L parallelism.fsdp=null model.fused_kernels=[]"
+                  [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
                   [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
 
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row; shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
+    --corpus-mb "${CORPUS_MB:-40}" \
     --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \

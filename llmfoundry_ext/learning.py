@@ -3,8 +3,14 @@ with the same hyper-parameters, several seeds each; the mean loss of each window
 
 The text is Python source (the machine's installed packages: tens of MB on any machine with PyTorch) cut into pieces of ``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
 test tokenizer (2,000 ids; BOS and EOS added as ids 2,002 and 2,003, as torchtitan loads it). torchtitan reads the
-JSON-lines file in order, each document between BOS and EOS, packed into sequences; ours reads the same documents,
-converted by ``data_prep/convert_to_mds.py``, in the same order (``shuffle: false``). Rows are the throughput
+JSON-lines file in order, each document between BOS and EOS, and cuts the stream into samples of seq_len + 1 tokens
+(inputs the first seq_len, labels the last seq_len). Ours reads the same file converted by
+``data_prep/convert_to_mds.py`` as one part into windows of seq_len + 1 tokens, in order (``shuffle: false``), and
+trains at ``max_seq_len`` seq_len + 1: the last position's label is ignored and causal attention keeps it out of
+the others, so each step's inputs, labels, loss and gradients are torchtitan's, token for token. (Windows of seq_len
+drifted one token a sample from torchtitan's, and parts converted apart dropped their tails: on the 1B, a drift of
+~40 tokens decided whether the step after the warm-up's peak spiked, and with it the run's next hundreds of steps:
+README, Learning.) Rows are the throughput
 benchmark's (``benchmark.Row``): ``NAME yamls/x.yaml overrides``, ``NAME hf:yamls/x.yaml ...``,
 ``NAME torchtitan:SETTING ENV=...``. Every row gets ``Hyper``'s optimizer and schedule (torchtitan's AdamW with a
 linear warm-up and a linear decay to 0, clipping at 1.0), but where an ours or hf row's own overrides set them.
@@ -65,10 +71,9 @@ def source_pieces(roots: list[str], piece_chars: int = PIECE_CHARS) -> list[str]
     return pieces
 
 
-def write_corpus(roots: list[str], folder: str, max_megabytes: float, files: int, seed: int = 0) -> dict:
+def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int = 0) -> dict:
     """The pieces of ``roots`` shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
-    ``{"text": ...}``: in ``files`` consecutive files ``part-NN.jsonl`` (the converter's parts, converted in parallel
-    and read back in this order) and all of them in ``all.jsonl`` (torchtitan's input). Returns their description."""
+    ``{"text": ...}`` in ``all.jsonl`` (torchtitan's input, and the converter's one part). Returns their description."""
     pieces = source_pieces(roots)
     random.Random(seed).shuffle(pieces)
     lines, size = [], 0
@@ -79,10 +84,6 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, files: int
         lines.append(line)
         size += len(line.encode())
     os.makedirs(folder, exist_ok=True)
-    per_file = -(-len(lines) // files)
-    for index in range(files):
-        with open(os.path.join(folder, f'part-{index:02d}.jsonl'), 'w') as file:
-            file.writelines(lines[index * per_file:(index + 1) * per_file])
     with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
         file.writelines(lines)
     return {'roots': roots, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed, 'piece_chars': PIECE_CHARS}
@@ -100,23 +101,26 @@ def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:
     return folder
 
 
-def convert_corpus(corpus: str, tokenizer: str, window: int, out: str, processes: int) -> dict:
-    """``data_prep/convert_to_mds.py`` on the corpus's parts; returns its manifest's train figures."""
+def convert_corpus(corpus: str, tokenizer: str, window: int, out: str) -> dict:
+    """``data_prep/convert_to_mds.py`` on the corpus as one part (its tokenizer's threads on every core); returns its
+    manifest's train figures."""
     command = [sys.executable, os.path.join(REPO, 'data_prep', 'convert_to_mds.py'),
-               '--source', f'jsonl:{corpus}/part-*.jsonl', '--tokenizer', tokenizer, '--concat-tokens', str(window),
-               '--out', out, '--processes', str(processes), '--bos-token', BOS, '--eos-token', EOS]
+               '--source', f'jsonl:{corpus}/all.jsonl', '--tokenizer', tokenizer, '--concat-tokens', str(window),
+               '--out', out, '--processes', '1', '--bos-token', BOS, '--eos-token', EOS]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if result.returncode != 0:
         raise RuntimeError(f'converting the corpus failed: {result.stderr.strip().splitlines()[-1]}')
     return json.loads(result.stdout.strip().splitlines()[-1])['train']
 
 
-def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper, seed: int) -> str:
-    """An ours or hf row's YAML: the row's YAML and overrides, reading ``data`` in order, with ``hyper``'s
-    optimizer, schedule and clipping (but where the row's own overrides set them: the change under test) and
-    ``seed``; no evaluation, checkpoints or loggers. Returns its path."""
+def our_run_yaml(row: Row, folder: str, data: dict, hyper: Hyper, seed: int) -> str:
+    """An ours or hf row's YAML: the row's YAML and overrides, reading ``data``'s shards in order at their window
+    (torchtitan's samples: the module docstring), with ``hyper``'s optimizer, schedule and clipping (but where the
+    row's own overrides set them: the change under test) and ``seed``; no evaluation, checkpoints or loggers.
+    Returns its path."""
     raw = read_yaml(row.source, row.overrides)
-    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={}, downstream=None,
+    raw.setdefault('model', {})['max_seq_len'] = data['window']
+    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={}, downstream=None, max_seq_len=data['window'],
                checkpoint={'save_folder': None, 'autoresume': False},
                optimizer={'name': 'adamw', 'fused': True, 'lr': hyper.lr, 'betas': list(hyper.betas),
                           'eps': hyper.eps, 'weight_decay': hyper.weight_decay},
@@ -125,8 +129,8 @@ def our_run_yaml(row: Row, folder: str, data: str, tokenizer: str, hyper: Hyper,
                            'gradient_clipping': {'clipping_type': 'norm', 'clipping_threshold': hyper.clip}},
                callbacks={name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'})
     raw['data'] = {**{key: value for key, value in raw.get('data', {}).items() if key not in ('train', 'eval')},
-                   'tokenizer': tokenizer,
-                   'eos_token': EOS, 'train': {'streams': {'text': {'local': data}}, 'shuffle': False,
+                   'tokenizer': data['tokenizer'],
+                   'eos_token': EOS, 'train': {'streams': {'text': {'local': data['mds']}}, 'shuffle': False,
                                                'num_canonical_nodes': 1, 'num_workers': 0}}  # in order
     training = [item for item in row.overrides if item.split('.')[0] in ('optimizer', 'scheduler', 'algorithms')]
     path = os.path.join(folder, 'run.yaml')
@@ -228,10 +232,12 @@ class Plan:
                 if index == 0 or row.name not in self.single_seed]
 
 
-def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: int, processes: int,
+def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: int,
                  tokenizer_source: str = TORCHTITAN_TOKENIZER) -> dict:
-    """The corpus, the tokenizer and our MDS shards of it under ``work``; returns where they are and their sizes.
-    A ``work`` folder that holds them for the same sources, size and window already is used as it is."""
+    """The corpus, the tokenizer and our MDS shards of it (windows of ``seq_len`` + 1 tokens, torchtitan's samples)
+    under ``work``; returns where they are and their sizes. A ``work`` folder that holds them for the same sources,
+    size and window already is used as it is."""
+    window = seq_len + 1
     if not os.path.isfile(tokenizer_source):
         raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
     made = os.path.join(work, 'data.json')
@@ -241,9 +247,9 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: i
             data = json.load(file)
         if {key: data.get(key) for key in asked} == asked:
             return data
-    corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, files=max(processes, 1))
+    corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes)
     tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'), tokenizer_source)
-    converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'), processes)
+    converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'))
     data = {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
             'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],
             **asked}
@@ -254,7 +260,7 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, window: i
 def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: str) -> dict:
     """One row on one seed, in its own processes (``benchmark.run_row``): its per-step losses and tokens/s."""
     warmup = min(5, plan.hyper.steps - 1)
-    write_yaml = lambda row, folder: our_run_yaml(row, folder, data['mds'], data['tokenizer'], plan.hyper, seed)
+    write_yaml = lambda row, folder: our_run_yaml(row, folder, data, plan.hyper, seed)
     if plan.shared_init:
         weights = os.path.join(work, f'init-seed{seed}')
         if not os.path.isdir(weights):  # drawn once a seed, by the first of its rows

@@ -13,7 +13,6 @@ for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from step
 """
 import argparse
 import json
-import os
 import sys
 import site
 import tempfile
@@ -36,8 +35,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--corpus-mb', type=float, default=40.0)
     parser.add_argument('--roots', nargs='+', default=site.getsitepackages(), help='folders of *.py (default: '
                         "this Python's installed packages)")
-    parser.add_argument('--seq-len', type=int, default=8192, help='tokens per window of our shards')
-    parser.add_argument('--processes', type=int, default=min(16, os.cpu_count() or 1))
+    parser.add_argument('--seq-len', type=int, default=8192, help="tokens a sample (torchtitan's seq_len)")
     parser.add_argument('--work', help='folder for the corpus, shards and rows (default: a temporary one)')
     parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names")
     parser.add_argument('--shared-init', metavar='ROW', help="every row of a seed starts from the fresh weights "
@@ -58,7 +56,7 @@ def main(argv: list[str]) -> int:
                 args.shared_init and Row.parse(args.shared_init))
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
-        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, args.processes)
+        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len)
         print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
               flush=True)
         report = run(plan, data, work, args.versus, args.json)

@@ -42,20 +42,19 @@ def source_tree(root) -> str:
     return str(root)
 
 
-def test_corpus_is_shuffled_pieces_in_consecutive_parts_and_one_whole_file(tmp_path):
+def test_corpus_is_shuffled_pieces_in_one_file(tmp_path):
     roots = [source_tree(tmp_path / 'src')]
-    described = write_corpus(roots, str(tmp_path / 'a'), 1.0, files=2, seed=0)
+    described = write_corpus(roots, str(tmp_path / 'a'), 1.0, seed=0)
     pieces = [json.loads(line)['text'] for line in open(tmp_path / 'a' / 'all.jsonl')]
-    parts = [json.loads(line)['text'] for name in ('part-00.jsonl', 'part-01.jsonl')
-             for line in open(tmp_path / 'a' / name)]
     whole = sorted(learning.source_pieces(roots))
-    assert parts == pieces and sorted(pieces) == whole and described['documents'] == len(whole) == 6  # 1 + 2 + 3 pieces
+    assert sorted(pieces) == whole and pieces != whole and described['documents'] == len(whole) == 6  # 1 + 2 + 3
+    assert os.listdir(tmp_path / 'a') == ['all.jsonl']
     assert max(len(piece) for piece in pieces) == learning.PIECE_CHARS
-    write_corpus(roots, str(tmp_path / 'b'), 1.0, files=2, seed=0)
+    write_corpus(roots, str(tmp_path / 'b'), 1.0, seed=0)
     assert open(tmp_path / 'b' / 'all.jsonl').read() == open(tmp_path / 'a' / 'all.jsonl').read()
-    write_corpus(roots, str(tmp_path / 'c'), 1.0, files=2, seed=1)
+    write_corpus(roots, str(tmp_path / 'c'), 1.0, seed=1)
     assert open(tmp_path / 'c' / 'all.jsonl').read() != open(tmp_path / 'a' / 'all.jsonl').read()
-    assert write_corpus(roots, str(tmp_path / 'd'), 0.005, files=1)['documents'] == 2  # cut at 5,000 bytes
+    assert write_corpus(roots, str(tmp_path / 'd'), 0.005)['documents'] == 2  # cut at 5,000 bytes
 
 
 def small_tokenizer(folder) -> str:
@@ -72,8 +71,11 @@ def small_tokenizer(folder) -> str:
 @pytest.fixture(scope='module')
 def learning_data(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp('learning')
-    return prepare_data(str(root / 'work'), [source_tree(root / 'src')], 1.0, 64, 2,
+    return prepare_data(str(root / 'work'), [source_tree(root / 'src')], 1.0, SEQ_LEN,
                         small_tokenizer(str(root / 'source-tokenizer')))
+
+
+SEQ_LEN = 63  # torchtitan's seq_len: our windows and max_seq_len are 64
 
 
 SMALL = ('max_seq_len=64 global_batch_size=2 device_microbatch_size=2 precision=fp32 model.n_layers=2 '
@@ -87,10 +89,11 @@ def test_our_rows_read_the_shards_in_order_with_the_benchmarks_optimizer(learnin
 
     hyper = Hyper(steps=7, lr=1e-3, warmup=2)
     yaml = our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL} optimizer.weight_decay=0.0'), str(tmp_path),
-                        learning_data['mds'], learning_data['tokenizer'], hyper, seed=5)
+                        learning_data, hyper, seed=5)
     run = prepare(yaml)
     config = run.config
     assert (config.seed, config.max_duration, config.data.eval, config.checkpoint.save_folder) == (5, '7ba', None, None)
+    assert (config.max_seq_len, config.model.max_seq_len) == (SEQ_LEN + 1, SEQ_LEN + 1)
     assert config.optimizer == {'name': 'adamw', 'fused': True, 'lr': 1e-3, 'betas': [0.9, 0.95], 'eps': 1e-8,
                                 'weight_decay': 0.0}  # the row's own override: the change it measures
     assert config.scheduler == {'name': 'linear_with_warmup', 't_warmup': '2ba', 'alpha_f': 0.0}
@@ -98,6 +101,39 @@ def test_our_rows_read_the_shards_in_order_with_the_benchmarks_optimizer(learnin
     loader = build_dataloader(config.data.train, config.device_batch_size, build_collator(run))
     batches = [batch['sample_ids'].tolist() for batch, _ in zip(loader.dataloader, range(3))]
     assert batches == [[0, 1], [2, 3], [4, 5]]
+
+
+def torchtitan_samples(corpus: str, tokenizer: str, seq_len: int, count: int) -> list[tuple[list, list]]:
+    """The first ``count`` (input, label) samples torchtitan v0.2.2 makes of ``corpus`` (its
+    ``HuggingFaceDataset.__iter__``: each document's ids between BOS and EOS appended to one buffer, samples of
+    seq_len + 1 tokens cut off its front, input the first seq_len, label the last seq_len)."""
+    tokens = Tokenizer.from_file(os.path.join(tokenizer, 'tokenizer.json'))
+    bos, eos = tokens.token_to_id(learning.BOS), tokens.token_to_id(learning.EOS)
+    buffer, samples = [], []
+    for line in open(os.path.join(corpus, 'all.jsonl')):
+        buffer += [bos, *tokens.encode(json.loads(line)['text'], add_special_tokens=False).ids, eos]
+        while len(buffer) >= seq_len + 1 and len(samples) < count:
+            window, buffer = buffer[:seq_len + 1], buffer[seq_len + 1:]
+            samples.append((window[:-1], window[1:]))
+    return samples
+
+
+def test_each_batch_holds_torchtitans_samples_token_for_token(learning_data, tmp_path, launched_alone):
+    """Every sample of the corpus (46 of 64 tokens), inputs and labels; the extra last position's label is ignored,
+    so the loss and gradients are torchtitan's."""
+    from llmfoundry_ext.build import build_collator
+    from llmfoundry_ext.data.dataloader import build_dataloader
+    from llmfoundry_ext.preflight import prepare
+
+    run = prepare(our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), learning_data,
+                               Hyper(steps=2), seed=5))
+    loader = build_dataloader(run.config.data.train, run.config.device_batch_size, build_collator(run))
+    ours = [(sample[:SEQ_LEN].tolist(), labels[:SEQ_LEN].tolist(), labels[SEQ_LEN].item())
+            for batch in loader.dataloader for sample, labels in zip(batch['input_ids'], batch['labels'])]
+    theirs = torchtitan_samples(learning_data['corpus'], learning_data['tokenizer'], SEQ_LEN, len(ours))
+    assert (len(ours), learning_data['tokens'] // (SEQ_LEN + 1)) == (46, 47)  # 23 whole batches of 2 windows
+    assert [(inputs, labels) for inputs, labels, _ in ours] == theirs
+    assert {ignored for _, _, ignored in ours} == {-100}
 
 
 FAKE_TORCHTITAN = """
@@ -168,8 +204,8 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     drawn = load_file(f'{weights}/model.safetensors')
     assert drawn['model.embed_tokens.weight'].std().item() == pytest.approx(1.0, abs=0.02)  # torchtitan's scheme
 
-    yaml = our_run_yaml(learning.starting_from(ours, weights), str(tmp_path), learning_data['mds'],
-                        learning_data['tokenizer'], plan.hyper, seed=99)  # another seed: the weights still win
+    yaml = our_run_yaml(learning.starting_from(ours, weights), str(tmp_path), learning_data, plan.hyper,
+                        seed=99)  # another seed: the weights still win
     model, _ = build_model(prepare(yaml))
     loaded = dict(model.model.named_parameters())
     assert sorted(loaded) == sorted(name.removeprefix('model.') for name in drawn)
@@ -184,7 +220,7 @@ def test_prepared_data_is_used_again_for_the_same_request(learning_data):
     written = os.stat(index).st_mtime_ns
     work = os.path.dirname(learning_data['corpus'])
     source_tokenizer = os.path.join(os.path.dirname(work), 'source-tokenizer', 'tokenizer.json')
-    again = prepare_data(work, learning_data['roots'], 1.0, 64, 2, source_tokenizer)
+    again = prepare_data(work, learning_data['roots'], 1.0, SEQ_LEN, source_tokenizer)
     assert again == learning_data and os.stat(index).st_mtime_ns == written
 
 
