@@ -77,13 +77,14 @@ def build_collator(run: Run) -> Collator:
                     mask_token_id=run.mask_token_id)
 
 
-def downstream_callbacks(config: TrainConfig) -> list:
-    """The harness tasks' evaluation every ``downstream.interval`` batches, where the YAML asks for it."""
-    downstream = config.downstream
+def downstream_callbacks(run: Run) -> list:
+    """The harness tasks' evaluation every ``downstream.interval`` batches, where the YAML asks for it, over the
+    tasks preflight loaded."""
+    config, downstream = run.config, run.config.downstream
     if downstream is None:
         return []
     results = os.path.join(config.checkpoint_folder, 'downstream') if config.checkpoint_folder else None
-    return [DownstreamEvaluation(downstream, downstream.interval_batches(config.eval_interval), config.data.tokenizer,
+    return [DownstreamEvaluation(downstream, run.downstream_tasks, downstream.interval_batches(config.eval_interval),
                                  config.model.max_seq_len, config.precision, results)]  # the model's context
 
 
@@ -122,7 +123,7 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=composer_parallelism(config),
-        callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks, *downstream_callbacks(config),
+        callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks, *downstream_callbacks(run),
                    *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),
         loggers=build_loggers(config),

@@ -15,6 +15,7 @@ from documents, scored and aggregated by the harness, so it is a callback around
 import json
 import os
 import time
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -203,6 +204,24 @@ def load_tasks(tasks: list[str], include: list[str]) -> tuple[object, dict[str, 
     return manager, examples
 
 
+@dataclass(frozen=True)
+class LoadedTasks:
+    """A run's downstream tasks as preflight loads them, once, before any model: the harness's TaskManager, each
+    task's number of examples, and the tokenizer the harness tokenizes them with."""
+    manager: object
+    examples: dict[str, int]
+    tokenizer: object
+
+
+def load_run_tasks(config: DownstreamConfig, tokenizer: str | None) -> LoadedTasks:
+    """``load_tasks`` for a run's ``downstream`` section, with the run's tokenizer (``data.tokenizer``)."""
+    manager, examples = load_tasks(config.tasks, config.include)
+    if tokenizer is None:
+        raise ConfigError("downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set "
+                          "data.tokenizer")
+    return LoadedTasks(manager, examples, harness_tokenizer(tokenizer))
+
+
 def output_types(built: dict) -> set[str]:
     """The output types of a ``get_task_dict`` result's tasks."""
     return set().union(*(output_types(task) if isinstance(task, dict) else {task.OUTPUT_TYPE}
@@ -230,11 +249,13 @@ def metrics_of(results: dict) -> dict[str, float]:
 def run_tasks(model: 'HarnessModel', tasks: list[str], manager, limit: int | float | None = None,
               num_fewshot: int | None = None) -> dict:
     """The harness's ``simple_evaluate`` with our model, leaving the process's random generators as they are (it
-    reseeds Python's, numpy's and torch's unless told not to)."""
+    reseeds Python's, numpy's and torch's unless told not to), and without bootstrapped standard errors: for them
+    (perplexity's, by default 100,000 resamples) the harness forks a pool of processes, and a fork of a process
+    running loader, CUDA or NCCL threads can hang (it hung a CI worker in this suite); acc's comes in closed form."""
     from lm_eval import simple_evaluate
     return simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit,
                            num_fewshot=num_fewshot, log_samples=True, random_seed=None, numpy_random_seed=None,
-                           torch_random_seed=None)
+                           torch_random_seed=None, bootstrap_iters=0)
 
 
 def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch.nn.Module, object, int]:
@@ -273,17 +294,12 @@ class DownstreamEvaluation(Callback):
     harness's metrics as ``metrics/downstream/<task>/<metric>`` to every logger, prints them and, where the run saves
     checkpoints, writes the harness's results as ``<results_folder>/ba<N>.json``."""
 
-    def __init__(self, config: DownstreamConfig, every: int, tokenizer: str, max_length: int, precision: str,
+    def __init__(self, config: DownstreamConfig, tasks: LoadedTasks, every: int, max_length: int, precision: str,
                  results_folder: str | None):
-        self.config, self.every, self.tokenizer_folder = config, every, tokenizer
+        self.config, self.tasks, self.every = config, tasks, every
         self.max_length, self.autocast_dtype = max_length, AUTOCAST.get(precision)
         self.results_folder = results_folder
-        self.manager = self.tokenizer = None
         self.history: list[tuple[int, dict[str, float], float]] = []  # rank 0: (batch, metrics, seconds) each time
-
-    def fit_start(self, state: State, logger: Logger) -> None:
-        self.manager, _ = load_tasks(self.config.tasks, self.config.include)
-        self.tokenizer = harness_tokenizer(self.tokenizer_folder)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         batch = int(state.timestamp.batch)
@@ -294,10 +310,10 @@ class DownstreamEvaluation(Callback):
         started = time.perf_counter()
         model = state.model.model
         model.eval()
-        harness = HarnessModel(model, self.tokenizer, self.max_length, self.config.batch_tokens,
+        harness = HarnessModel(model, self.tasks.tokenizer, self.max_length, self.config.batch_tokens,
                                next(model.parameters()).device, self.autocast_dtype)
         limit = self.config.limit
-        results = run_tasks(harness, self.config.tasks, self.manager,
+        results = run_tasks(harness, self.config.tasks, self.tasks.manager,
                             int(limit) if limit is not None and limit >= 1 else limit, self.config.num_fewshot)
         model.train()
         if harness.rank != 0:  # the harness gathers the results on rank 0

@@ -33,7 +33,7 @@ class Run:
     kernels: KernelConfig         # the model's kernels, ``attn_impl`` resolved to the backend that runs
     eos_token_id: Optional[int]   # with data.document_masking
     mask_token_id: Optional[int]  # with objective mlm
-    downstream_examples: Optional[dict] = None  # with downstream: each task's number of examples
+    downstream_tasks: Optional[object] = None  # with downstream: its tasks loaded (downstream.LoadedTasks)
 
 
 def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
@@ -59,21 +59,16 @@ def check(config: TrainConfig) -> Run:
     return Run(config, config.model.architecture(), kernels,
                eos_token_id=vocabulary.eos_token_id() if config.data.document_masking else None,
                mask_token_id=vocabulary.mask_token_id() if config.objective.name == 'mlm' else None,
-               downstream_examples=check_downstream_tasks(config))
+               downstream_tasks=load_downstream_tasks(config))
 
 
-def check_downstream_tasks(config: TrainConfig) -> Optional[dict]:
-    """The harness installed, every downstream task loaded from disk, and a tokenizer it can read: each task's
-    number of examples (None without downstream)."""
+def load_downstream_tasks(config: TrainConfig):
+    """The harness installed, every downstream task loaded from disk, and a tokenizer it can read, loaded once for
+    the run (``downstream.LoadedTasks``; None without downstream)."""
     if config.downstream is None:
         return None
-    from llmfoundry_ext.downstream import harness_tokenizer, load_tasks
-    _, examples = load_tasks(config.downstream.tasks, config.downstream.include)
-    if config.data.tokenizer is None:
-        raise ConfigError("downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set "
-                          "data.tokenizer")
-    harness_tokenizer(config.data.tokenizer)
-    return examples
+    from llmfoundry_ext.downstream import load_run_tasks
+    return load_run_tasks(config.downstream, config.data.tokenizer)
 
 
 def check_hardware(config: TrainConfig) -> None:

@@ -162,7 +162,7 @@ def downstream_line(run: Run) -> list[str]:
     downstream = config.downstream
     if downstream is None:
         return []
-    tasks = ', '.join(f'{name} ({count:,} examples)' for name, count in run.downstream_examples.items())
+    tasks = ', '.join(f'{name} ({count:,} examples)' for name, count in run.downstream_tasks.examples.items())
     limit = f'; limit {downstream.limit:g} a task' if downstream.limit is not None else ''
     return [f'  downstream every {downstream.interval_batches(config.eval_interval)} batches: {tasks}{limit}']
 
@@ -214,7 +214,7 @@ def downstream_summary(evaluations: list, held_out: list, run_seconds: float) ->
     evaluations cost."""
     if not evaluations:
         return []
-    lines = [f'  held-out loss by batch: ' + ', '.join(f'{int(time.batch)} {float(value):.4f}'
+    lines = ['  held-out loss by batch: ' + ', '.join(f'{int(time.batch)} {float(value):.4f}'
                                                      for time, value in held_out)] if held_out else []
     for name in evaluations[0][1]:
         lines.append(f"  {name.removeprefix('metrics/downstream/')} by batch: " + ', '.join(

@@ -1,11 +1,15 @@
 """Downstream evaluation: our model under lm-evaluation-harness scores the harness's tasks as the harness's own HF
 backend scores the same weights (a tiny model trained a few steps and exported with to-hf; CPU, fp32); during
 training the metrics it logs are the ones scripts/evaluate.py gives the checkpoint of the same batch, training is
-untouched by it (the same losses and samples, bit for bit), and two processes under FSDP2 give the metrics of one."""
+untouched by it (the same losses and samples, bit for bit), two processes under FSDP2 give the metrics of one, and
+a kill -9 inside an evaluation loses no checkpoint: the resumed run evaluates as the uninterrupted one."""
 import json
 import os
 import random
+import re
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from lm_eval import simple_evaluate
 from lm_eval.tasks import TaskManager
 from transformers import AutoTokenizer
 
+import llmfoundry_ext.downstream
 from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.checkpoint import export_to_hf
@@ -141,7 +146,7 @@ def harness_model(folder: str, batch_tokens: int) -> HarnessModel:
 def evaluate(tasks_folder: str, model, model_args: dict | None = None) -> dict:
     return simple_evaluate(model=model, model_args=model_args, tasks=['arithmetic_choice', 'last_word'],
                            device='cpu', batch_size=16, task_manager=TaskManager(include_path=tasks_folder),
-                           log_samples=True)
+                           log_samples=True, bootstrap_iters=0)  # no process pool forked from this worker
 
 
 def per_sample(results: dict, task: str) -> list[tuple[int, list]]:
@@ -281,10 +286,14 @@ def in_loop(folder, batch: int) -> dict[str, float]:
 
 @pytest.mark.timeout(600)
 def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_config, tasks_folder, tmp_path,
-                                                                         capsys):
+                                                                         capsys, monkeypatch):
+    """...and the tasks are loaded once, by preflight, for the whole run."""
     downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'plain', None), tmp_path / 'plain.yaml'))).close()
+    loads, load_tasks = [], llmfoundry_ext.downstream.load_tasks
+    monkeypatch.setattr(llmfoundry_ext.downstream, 'load_tasks', lambda *args: loads.append(args) or load_tasks(*args))
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'with', downstream), tmp_path / 'with.yaml'))).close()
+    assert loads == [(['arithmetic_choice', 'last_word'], [tasks_folder])]
     output = capsys.readouterr().out
     assert read_ledger(str(tmp_path / 'with' / 'ledger' / 'ledger-rank0.jsonl')) == read_ledger(
         str(tmp_path / 'plain' / 'ledger' / 'ledger-rank0.jsonl'))
@@ -317,3 +326,51 @@ def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_f
     print(metrics)
     for one, two in zip(metrics[1], metrics[2]):
         assert two == pytest.approx(one, rel=1e-4, abs=0)
+
+
+STALLED_EVALUATION = '''
+import os, time
+import llmfoundry_ext.downstream as downstream
+def _stalled(*args, **kwargs):  # the run is killed in here
+    open(os.environ['EVALUATING'], 'w').close()
+    time.sleep(600)
+downstream.run_tasks = _stalled
+'''
+
+
+def saved_batches(folder) -> list[int]:
+    return sorted({int(match[1]) for name in os.listdir(folder) if (match := re.match(r'ep\d+-ba(\d+)', name))})
+
+
+@pytest.mark.timeout(900)
+def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_evaluates_as_the_uninterrupted(
+        texts_config, tasks_folder, tmp_path):
+    """kill -9 inside the evaluation at batch 100 (before that batch's checkpoint: the evaluation runs at the batch's
+    end, Composer's checkpoint after it); the same command again resumes at batch 50 and both evaluations equal the
+    uninterrupted run's."""
+    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
+    train(prepare(write_yaml(run_in(texts_config, tmp_path / 'whole', downstream), tmp_path / 'whole.yaml'))).close()
+    yaml = write_yaml(run_in(texts_config, tmp_path / 'killed', downstream), tmp_path / 'killed.yaml')
+    hooks = tmp_path / 'hooks'
+    hooks.mkdir()
+    (hooks / 'sitecustomize.py').write_text(STALLED_EVALUATION)
+    evaluating = tmp_path / 'evaluating'
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'EVALUATING': str(evaluating)}
+    command = [COMPOSER, '-n', '1', 'train.py', yaml]
+    with open(tmp_path / 'killed.log', 'w') as log:
+        run = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               env={**env, 'PYTHONPATH': os.pathsep.join([str(hooks), REPO])})
+        deadline = time.monotonic() + 600
+        while not evaluating.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    checkpoints = tmp_path / 'killed' / 'checkpoints'
+    assert evaluating.exists() and saved_batches(checkpoints) == [50], (tmp_path / 'killed.log').read_text()[-2000:]
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                           env={**env, 'PYTHONPATH': REPO})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert 'autoresume: resuming from the latest checkpoint at batch 50' in again.stdout
+    assert saved_batches(checkpoints) == [50, 100, 150, 200]
+    for batch in (100, 200):
+        assert in_loop(tmp_path / 'killed', batch) == in_loop(tmp_path / 'whole', batch)
