@@ -31,6 +31,14 @@
 #                                               CORPUS_MB (40) of text;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
+#   bash benchmarks/gpu.sh downstream [ARGS]    one GPU: scripts/bench_downstream.py (1B trained 200 batches on the
+#                                               learning corpus, a 1,000-question HellaSwag-like task scored in the
+#                                               loop every 100, then by the harness's HF backend on the to-hf export).
+#                                               .whl must hold lm_eval 0.4.13 and what it needs: device-wheels.sh
+#                                               lm_eval==0.4.13 datasets==5.0.1 evaluate==0.4.6 pytablewriter==1.2.1
+#                                               dataproperty mbstrdecoder pathvalidate tabledata tcolorpy typepy chardet
+#                                               more-itertools multiprocess==0.70.19 nltk pytz, and `pip wheel --no-deps
+#                                               -w .whl sqlitedict word2number rouge_score` (no wheels on PyPI)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -256,6 +264,11 @@ case "${1:-}" in
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
+  downstream)
+    shift
+    TORCH_LOGS=recompiles python3 scripts/bench_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |
+      grep -v -E "Running loglikelihood|Warning|it/s\]"
+    cp /tmp/bench_downstream/run/train.log "$OUT/downstream-train.log" ;;
   attention)
     timeout 60 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
       --json "$OUT/attention-8192.json"

@@ -75,30 +75,31 @@ def math_documents(count: int, problems_per_document: int = 40, seed: int = 0) -
         yield '\n'.join(lines)
 
 
-def next_line_questions(documents: list[str], count: int, seed: int = 1) -> list[dict]:
-    """Three lines of a document, and four candidates for its next line: the real one and three lines of other
-    documents (a HellaSwag of code; chance 0.25): a model that has learnt the code's local structure (indentation,
-    names, brackets) picks the real one more often."""
+def next_line_questions(documents: list[str], count: int, seed: int = 1, context_lines: int = 3,
+                        ending_lines: int = 1) -> list[dict]:
+    """``context_lines`` lines of a document, and four candidates for the ``ending_lines`` after them: the real ones
+    and as many lines of each of three other documents (a HellaSwag of code; chance 0.25): a model that has learnt
+    the code's local structure (indentation, names, brackets) picks the real one more often."""
     rng = random.Random(seed)
     lines = [[line for line in document.splitlines() if line.strip()] for document in documents]
-    documents_lines = [document for document in lines if len(document) >= 5]
+    usable = [document for document in lines if len(document) >= context_lines + ending_lines + 1]
+    span = lambda document, at: '\n'.join(document[at:at + ending_lines])
     questions = []
     while len(questions) < count:
-        index = rng.randrange(len(documents_lines))
-        document = documents_lines[index]
-        at = rng.randrange(3, len(document))
-        others = [rng.choice(documents_lines[other]) for other in rng.sample(range(len(documents_lines)), 4)
-                  if other != index][:3]
-        choices = [document[at], *others]
+        index = rng.randrange(len(usable))
+        document = usable[index]
+        at = rng.randrange(context_lines, len(document) - ending_lines + 1)
+        others = [usable[other] for other in rng.sample(range(len(usable)), 4) if other != index][:3]
+        choices = [span(document, at), *(span(other, rng.randrange(len(other) - ending_lines + 1)) for other in others)]
         if len(set(choices)) < 4:
             continue
         rng.shuffle(choices)
-        questions.append({'context': '\n'.join(document[at - 3:at]) + '\n', 'choices': choices,
-                          'answer': choices.index(document[at])})
+        questions.append({'context': '\n'.join(document[at - context_lines:at]) + '\n', 'choices': choices,
+                          'answer': choices.index(span(document, at))})
     return questions
 
 
-DEMO_TASK = """task: demo_next_line
+CHOICE_TASK = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -118,20 +119,32 @@ metric_list:
 """
 
 
-def write_demo_task(root: str, questions: int = 200, files: int = 600) -> None:
-    """``<root>/tasks/demo_next_line.yaml`` over ``demo_next_line.jsonl``, made from the held-out code documents (the
-    val split's), and the tokenizer's ``tokenizer_config.json`` naming its BOS and EOS, which the harness reads it
-    by."""
-    tasks = os.path.join(root, 'tasks')
-    os.makedirs(tasks, exist_ok=True)
-    held_out = list(code_documents(stdlib_files(files)))[::VAL_EVERY]
-    data = os.path.abspath(os.path.join(tasks, 'demo_next_line.jsonl'))
+def write_choice_task(folder: str, name: str, questions: list[dict]) -> str:
+    """A harness task ``<folder>/<name>.yaml`` over ``<name>.jsonl`` of ``questions`` ({'context', 'choices',
+    'answer'}, as ``next_line_questions`` makes them); returns the YAML's path."""
+    os.makedirs(folder, exist_ok=True)
+    data = os.path.abspath(os.path.join(folder, f'{name}.jsonl'))
     with open(data, 'w') as file:
-        file.writelines(json.dumps(question) + '\n' for question in next_line_questions(held_out, questions))
-    with open(os.path.join(tasks, 'demo_next_line.yaml'), 'w') as file:
-        file.write(DEMO_TASK.format(data=data))
-    with open(os.path.join(root, 'tokenizer', 'tokenizer_config.json'), 'w') as file:
+        file.writelines(json.dumps(question) + '\n' for question in questions)
+    path = os.path.join(folder, f'{name}.yaml')
+    with open(path, 'w') as file:
+        file.write(CHOICE_TASK.format(name=name, data=data))
+    return path
+
+
+def write_tokenizer_config(folder: str) -> None:
+    """The ``tokenizer_config.json`` naming BOS and EOS that transformers (and so the harness) reads a tokenizer
+    folder by."""
+    with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as file:
         json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': BOS, 'eos_token': EOS}, file)
+
+
+def write_demo_task(root: str, questions: int = 200, files: int = 600) -> None:
+    """``<root>/tasks/demo_next_line.yaml`` made from the held-out code documents (the val split's), and the
+    tokenizer's ``tokenizer_config.json``."""
+    held_out = list(code_documents(stdlib_files(files)))[::VAL_EVERY]
+    write_choice_task(os.path.join(root, 'tasks'), 'demo_next_line', next_line_questions(held_out, questions))
+    write_tokenizer_config(os.path.join(root, 'tokenizer'))
 
 
 def demo_corpus(files: int = 600, math_docs: int = 600) -> dict[str, list[str]]:

@@ -12,10 +12,12 @@ During training (the YAML's ``downstream`` section) ``DownstreamEvaluation`` run
 batches: Composer's evaluators run a dataloader through the model's metrics, where a harness task is requests built
 from documents, scored and aggregated by the harness, so it is a callback around the harness's own evaluation.
 """
+import contextlib
+import functools
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
@@ -79,13 +81,13 @@ class HarnessModel(TemplateLM):
         return self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens))
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
-        """(sum of the continuation's log-probabilities, whether greedy decoding gives it) per request."""
+        """(sum of the continuation's log-probabilities, whether greedy decoding gives it) per request; requests
+        that share a context (a multiple-choice question's choices) are scored in one row (``SharedContext``)."""
         inputs = [model_input(context, continuation, self.max_length) for _, context, continuation in requests]
-        results = [None] * len(requests)
-        for batch in self.same_count_on_every_rank(token_batches([len(tokens) for tokens, _ in inputs],
-                                                                 self.batch_tokens)):
-            scores = self.score([inputs[index] for index in batch] or [([self.eot_token_id], [])])
-            for index, score in zip(batch, scores):
+        results = [(0.0, True) if not continuation else None for _, continuation in inputs]  # nothing to score
+        shared = shared_contexts(inputs)
+        for batch in self.same_count_on_every_rank(token_batches([len(row) for row in shared], self.batch_tokens)):
+            for index, score in self.score([shared[index] for index in batch] or [SharedContext([self.eot_token_id])]):
                 results[index] = score
         return results
 
@@ -116,26 +118,42 @@ class HarnessModel(TemplateLM):
         return batches + [[]] * (int(count) - len(batches))
 
     @torch.no_grad()
-    def score(self, batch: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """One forward over the batch's inputs, right-padded to the longest: each continuation's log-likelihood and
-        whether it is the greedy one."""
-        longest = max(len(tokens) for tokens, _ in batch)
+    def score(self, batch: list['SharedContext']) -> list[tuple[int, tuple[float, bool]]]:
+        """One forward over the batch's rows, right-padded to the longest: (request index, (its continuation's
+        log-likelihood, whether it is the greedy one)) for each of their requests. Rows with several branches are
+        masked so that each branch sees the context and itself alone (``branch_mask``)."""
+        longest = max(len(row) for row in batch)
         ids = torch.zeros(len(batch), longest, dtype=torch.long)
-        rows, positions, targets = [], [], []
-        for row, (tokens, continuation) in enumerate(batch):
-            ids[row, :len(tokens)] = torch.tensor(tokens)
-            rows += [row] * len(continuation)
-            positions += range(len(tokens) - len(continuation), len(tokens))
-            targets += continuation
+        positions = torch.arange(longest).repeat(len(batch), 1)
+        segments = torch.full((len(batch), longest), -1)
+        places, targets, owners = ([], []), [], []
+        for row_index, row in enumerate(batch):
+            ids[row_index, :len(row)] = torch.tensor(row.tokens())
+            segments[row_index, :len(row.context)] = 0
+            for branch, (index, tokens, continuation) in enumerate(row.branches, start=1):
+                start, end = row.branch_start(branch - 1), row.branch_start(branch)
+                positions[row_index, start:end] = torch.arange(len(row.context), len(row.context) + len(tokens))
+                segments[row_index, start:end] = branch
+                places[0].extend([row_index] * len(continuation))
+                places[1].extend([len(row.context) - 1, *range(start, end)])
+                targets += continuation
+                owners.append((index, len(continuation)))
+        branched = any(len(row.branches) > 1 for row in batch)
+        mask = branch_mask(segments).to(self.device) if branched else None
         with torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            logits = self.transformer(ids.to(self.device))
-        logprobs = torch.log_softmax(logits[rows, positions].float(), dim=-1)
-        targets = torch.tensor(targets, device=logprobs.device)
+            logits = self.transformer(ids.to(self.device), positions.to(self.device) if branched else None,
+                                      attention_mask=mask,
+                                      logits_at=tuple(torch.tensor(part, dtype=torch.long, device=self.device)
+                                                      for part in places))
+        if isinstance(logits, tuple):  # a mixture of experts': (logits, router statistics)
+            logits = logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        targets = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
         picked = logprobs.gather(-1, targets[:, None]).squeeze(-1).cpu()
         greedy = (logprobs.argmax(-1) == targets).cpu()
-        sizes = [len(continuation) for _, continuation in batch]
-        return [(float(part.sum()), bool(hits.all()))
-                for part, hits in zip(picked.split(sizes), greedy.split(sizes))]
+        sizes = [size for _, size in owners]
+        return [(index, (float(part.sum()), bool(hits.all())))
+                for (index, _), part, hits in zip(owners, picked.split(sizes), greedy.split(sizes))]
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         parts = [torch.zeros_like(tensor) for _ in range(self.world_size)]
@@ -157,6 +175,47 @@ def model_input(context: list[int], continuation: list[int], max_length: int) ->
     return (context + continuation)[-(max_length + 1):][:-1], continuation
 
 
+@dataclass
+class SharedContext:
+    """One row of scoring: a context and the branches that continue it, each (request index, its tokens after
+    the context: the continuation less its last token, the continuation scored). The context's last position
+    predicts every continuation's first token; a branch's positions predict the rest. A four-choice question's
+    context is computed once instead of four times."""
+    context: list[int]
+    branches: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.context) + sum(len(tokens) for _, tokens, _ in self.branches)
+
+    def tokens(self) -> list[int]:
+        return self.context + [token for _, tokens, _ in self.branches for token in tokens]
+
+    def branch_start(self, branch: int) -> int:
+        """Where branch ``branch`` starts in the row (``len(self.branches)``: where the row ends)."""
+        return len(self.context) + sum(len(tokens) for _, tokens, _ in self.branches[:branch])
+
+
+def shared_contexts(inputs: list[tuple[list[int], list[int]]]) -> list[SharedContext]:
+    """``model_input``s with a continuation, grouped by the tokens before it: the first position each scores
+    from on is its context's last."""
+    rows: dict[tuple, SharedContext] = {}
+    for index, (tokens, continuation) in enumerate(inputs):
+        if continuation:
+            split = len(tokens) - len(continuation) + 1
+            context = tuple(tokens[:split])
+            rows.setdefault(context, SharedContext(list(context))).branches.append(
+                (index, tokens[split:], continuation))
+    return list(rows.values())
+
+
+def branch_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[B, S] segment ids (0: the shared context, k: branch k, -1: padding) -> [B, 1, S, S] bool: causal, and a
+    branch's queries see the context and their own branch alone."""
+    causal = torch.ones(segments.shape[1], segments.shape[1], dtype=torch.bool).tril()
+    keys, queries = segments[:, None, :], segments[:, :, None]
+    return (causal & ((keys == 0) | (keys == queries))).unsqueeze(1)
+
+
 def token_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
     """Indices of ``lengths`` longest first, in batches whose rows padded to their longest hold at most
     ``batch_tokens`` tokens (a longer request alone)."""
@@ -174,12 +233,13 @@ def require_harness() -> None:
         raise ConfigError(HARNESS_MISSING)
 
 
-def load_tasks(tasks: list[str], include: list[str]) -> tuple[object, dict[str, int]]:
-    """The harness's TaskManager over its own tasks and the task YAML files or folders of ``include``, and each task
-    of ``tasks`` built (which loads its dataset) and counted: an unknown name or a task whose data cannot be loaded
-    is one line, before any scoring. Returns the manager and each task's number of examples."""
+def load_tasks(tasks: list[str], include: list[str]) -> tuple[dict, dict[str, int]]:
+    """Each task of ``tasks`` (the harness's, or those of the task YAML files or folders of ``include``) built by
+    the harness's TaskManager, which loads its dataset, and counted: an unknown name or a task whose data cannot be
+    loaded is one line, before any scoring. Returns the tasks as ``TaskManager.load`` gives them, built once for
+    every evaluation, and each task's number of examples."""
     require_harness()
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
     for path in include:
         if not os.path.exists(path):
             raise ConfigError(f'{path}: no such task file or folder; give harness task YAMLs (or a folder of them)')
@@ -189,48 +249,38 @@ def load_tasks(tasks: list[str], include: list[str]) -> tuple[object, dict[str, 
         if name not in manager.all_tasks:
             raise ConfigError(f"downstream task '{name}' is neither one of the harness's nor in "
                               f"{', '.join(include) or 'an --include path'}; check the name (lm_eval ls tasks)")
-    examples = {}
+    examples, built_tasks = {}, []
     for name in tasks:
         try:
-            built = get_task_dict([name], manager)
+            built = manager.load([name])
         except Exception as error:  # the harness and datasets raise anything from ValueError to FileNotFoundError
             raise ConfigError(f"downstream task '{name}' cannot be loaded ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}); put its data on disk and point "
                               f"the task at it (dataset_path: json, data_files)") from None
-        if 'generate_until' in output_types(built):
+        if any(task.OUTPUT_TYPE == 'generate_until' for task in built['tasks'].values()):
             raise ConfigError(f"downstream task '{name}' generates text (output_type generate_until), which is not "
                               f"scored here; pick log-likelihood tasks (multiple choice, loglikelihood, perplexity)")
-        examples[name] = count_examples(built)
-    return manager, examples
+        examples[name] = sum(len(task.eval_docs) for task in built['tasks'].values())
+        built_tasks += [built['groups'][name]] if name in built['groups'] else list(built['tasks'].values())
+    return manager.load(built_tasks), examples
 
 
 @dataclass(frozen=True)
 class LoadedTasks:
-    """A run's downstream tasks as preflight loads them, once, before any model: the harness's TaskManager, each
+    """A run's downstream tasks as preflight loads them, once, before any model: the tasks (``load_tasks``), each
     task's number of examples, and the tokenizer the harness tokenizes them with."""
-    manager: object
+    tasks: dict
     examples: dict[str, int]
     tokenizer: object
 
 
 def load_run_tasks(config: DownstreamConfig, tokenizer: str | None) -> LoadedTasks:
     """``load_tasks`` for a run's ``downstream`` section, with the run's tokenizer (``data.tokenizer``)."""
-    manager, examples = load_tasks(config.tasks, config.include)
+    tasks, examples = load_tasks(config.tasks, config.include)
     if tokenizer is None:
         raise ConfigError("downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set "
                           "data.tokenizer")
-    return LoadedTasks(manager, examples, harness_tokenizer(tokenizer))
-
-
-def output_types(built: dict) -> set[str]:
-    """The output types of a ``get_task_dict`` result's tasks."""
-    return set().union(*(output_types(task) if isinstance(task, dict) else {task.OUTPUT_TYPE}
-                         for task in built.values()))
-
-
-def count_examples(built: dict) -> int:
-    """The examples of a ``get_task_dict`` result (a group's: its tasks')."""
-    return sum(count_examples(task) if isinstance(task, dict) else len(task.eval_docs) for task in built.values())
+    return LoadedTasks(tasks, examples, harness_tokenizer(tokenizer))
 
 
 def metrics_of(results: dict) -> dict[str, float]:
@@ -246,16 +296,43 @@ def metrics_of(results: dict) -> dict[str, float]:
     return metrics
 
 
-def run_tasks(model: 'HarnessModel', tasks: list[str], manager, limit: int | float | None = None,
+FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed
+
+
+def run_tasks(model: 'HarnessModel', tasks: dict, limit: int | float | None = None,
               num_fewshot: int | None = None) -> dict:
-    """The harness's ``simple_evaluate`` with our model, leaving the process's random generators as they are (it
-    reseeds Python's, numpy's and torch's unless told not to), and without bootstrapped standard errors: for them
-    (perplexity's, by default 100,000 resamples) the harness forks a pool of processes, and a fork of a process
-    running loader, CUDA or NCCL threads can hang (it hung a CI worker in this suite); acc's comes in closed form."""
-    from lm_eval import simple_evaluate
-    return simple_evaluate(model=model, tasks=list(tasks), task_manager=manager, limit=limit,
-                           num_fewshot=num_fewshot, log_samples=True, random_seed=None, numpy_random_seed=None,
-                           torch_random_seed=None, bootstrap_iters=0)
+    """The harness's ``evaluate`` of ``load_tasks``'s tasks with our model, each task set up as ``simple_evaluate``
+    sets it (``num_fewshot`` where given and the task's own is not 0, else its own or 0; the few-shot sampler
+    seeded), its templates compiled once (``compiled_templates``). Not ``simple_evaluate`` itself: on every call it
+    builds the tasks again (loading their data) and collects the machine's environment (``pip list``, nvidia-smi:
+    1.4 s on an H100 host), and it reseeds Python's, numpy's and torch's generators unless told not to.
+    No bootstrapped standard errors: for them (perplexity's, by default 100,000 resamples) the harness forks a pool
+    of processes, and a fork of a process running loader, CUDA or NCCL threads can hang (it hung a CI worker in
+    this suite); acc's comes in closed form."""
+    from lm_eval.evaluator import evaluate
+    for task in tasks['tasks'].values():
+        own = task.get_config('num_fewshot')
+        if num_fewshot is not None and own != 0:
+            task.set_config(key='num_fewshot', value=num_fewshot)
+        elif num_fewshot is None and own is None:
+            task.set_config(key='num_fewshot', value=0)
+        task.set_fewshot_seed(seed=FEWSHOT_SEED)
+    with compiled_templates():
+        return evaluate(lm=model, task_dict=tasks, limit=limit, log_samples=True, bootstrap_iters=0)
+
+
+@contextlib.contextmanager
+def compiled_templates():
+    """The harness's ``utils.apply_template`` with each Jinja template compiled once: the harness compiles the
+    template again for every document it renders (7,003 compiles, 3-6 s of a 1,000-question multiple-choice
+    evaluation on an H100 host). The rendered text is the same."""
+    original = harness_utils.apply_template
+    compile_template = functools.lru_cache(maxsize=None)(harness_utils.env.from_string)
+    harness_utils.apply_template = lambda template, doc: compile_template(template).render(**doc)
+    try:
+        yield
+    finally:
+        harness_utils.apply_template = original
 
 
 def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch.nn.Module, object, int]:
@@ -313,7 +390,7 @@ class DownstreamEvaluation(Callback):
         harness = HarnessModel(model, self.tasks.tokenizer, self.max_length, self.config.batch_tokens,
                                next(model.parameters()).device, self.autocast_dtype)
         limit = self.config.limit
-        results = run_tasks(harness, self.config.tasks, self.tasks.manager,
+        results = run_tasks(harness, self.tasks.tasks,
                             int(limit) if limit is not None and limit >= 1 else limit, self.config.num_fewshot)
         model.train()
         if harness.rank != 0:  # the harness gathers the results on rank 0

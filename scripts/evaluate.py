@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         require_harness()
-        manager, _ = load_tasks(args.tasks, args.include)
+        tasks, _ = load_tasks(args.tasks, args.include)
         model, tokenizer, max_length = model_from_weights(args.source, args.tokenizer)
     except (ConfigError, CheckpointError) as error:
         print(f'error: {error}', file=sys.stderr)
@@ -43,7 +43,7 @@ def main(argv: list[str]) -> int:
     harness = HarnessModel(model.to(args.device), tokenizer, max_length, args.batch_tokens, args.device,
                            getattr(torch, args.dtype) if on_gpu and args.dtype != 'float32' else None)
     limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
-    results = run_tasks(harness, args.tasks, manager, limit, args.num_fewshot)
+    results = run_tasks(harness, tasks, limit, args.num_fewshot)
     from lm_eval.utils import make_table
     print(make_table(results))
     if args.json:

@@ -23,8 +23,8 @@ from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.checkpoint import export_to_hf
 from llmfoundry_ext.data.mds import write_mds
-from llmfoundry_ext.downstream import HarnessModel, model_input, token_batches
-from llmfoundry_ext.model.llama import Transformer
+from llmfoundry_ext.downstream import HarnessModel, model_input, shared_contexts, token_batches
+from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train
 from llmfoundry_ext.weights import load_weights_folder, load_into
@@ -194,6 +194,35 @@ def test_batches_hold_at_most_the_token_budget_longest_first():
 def test_model_input_drops_the_last_token_and_cuts_from_the_left():
     assert model_input([1, 2, 3], [4, 5], max_length=10) == ([1, 2, 3, 4], [4, 5])
     assert model_input([1, 2, 3], [4, 5], max_length=3) == ([2, 3, 4], [4, 5])
+
+
+def test_choices_sharing_a_context_score_as_one_forward_each():
+    """One row per context (its branches masked apart) gives each request's log-likelihood and greedy flag as a
+    forward of that request alone, in one batch or several, with unshared requests and an empty continuation
+    beside them."""
+    torch.manual_seed(0)
+    model = Transformer(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=50,
+                                    max_seq_len=64, rope_theta=10000.0, rope_scaling_factor=1.0)).eval()
+    model.init_weights()
+    tokenizer = type('Tokenizer', (), {'eos_token_id': 0, 'bos_token_id': None})()
+    question, other = [3, 8, 13, 21, 4], [5, 6]
+    requests = [(None, question, [7]), (None, question, [9, 11, 2]), (None, other, [30, 31]),
+                (None, question, [1, 2, 3, 4, 5]), (None, [40, 41, 42], [43]), (None, other, [32]), (None, other, [])]
+    expected = []
+    for _, context, continuation in requests:
+        tokens = (context + continuation)[:-1]
+        with torch.no_grad():
+            logprobs = model(torch.tensor([tokens]))[0].log_softmax(-1)[len(context) - 1:]
+        picked = logprobs.gather(-1, torch.tensor(continuation, dtype=torch.long)[:, None])
+        expected.append((float(picked.sum()), bool((logprobs.argmax(-1) == torch.tensor(continuation)).all())))
+    for batch_tokens in (1000, 12):
+        ours = HarnessModel(model, tokenizer, max_length=64, batch_tokens=batch_tokens)._loglikelihood_tokens(requests)
+        assert [greedy for _, greedy in ours] == [greedy for _, greedy in expected]
+        assert ours[-1] == (0.0, True)
+        for (score, _), (reference, _) in zip(ours, expected):
+            assert score == pytest.approx(reference, abs=1e-5)
+    assert [len(row.branches) for row in shared_contexts([model_input(c, x, 64) for _, c, x in requests])] == [
+        3, 2, 1]
 
 
 def last_line(stderr: str) -> str:

@@ -256,6 +256,11 @@ class OutputLayer(nn.Linear):
         return super().forward(hidden)
 
 
+def at(hidden: torch.Tensor, places: tuple | None) -> torch.Tensor:
+    """``hidden`` [B, S, D] at ``places`` (rows, positions) -> [N, D]; all of it where ``places`` is None."""
+    return hidden if places is None else hidden[places]
+
+
 class Transformer(nn.Module):
     """Token ids [B, S] -> logits [B, S, vocab], run with the given kernels."""
     block_class = TransformerBlock
@@ -275,10 +280,13 @@ class Transformer(nn.Module):
         self.register_buffer('inv_freq', rope_inverse_frequencies(config), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, attention_mask=None) -> torch.Tensor:
-        """Logits [B, S, vocab]; or, given ``labels`` (with the fused cross_entropy kernel), the mean loss.
-        ``attention_mask``: only under context parallelism, the shard's part of the mask (``layer_inputs``)."""
-        return self.lm_head(self.hidden_states(input_ids, position_ids, attention_mask), labels)
+                labels: torch.Tensor | None = None, attention_mask=None, logits_at: tuple | None = None
+                ) -> torch.Tensor:
+        """Logits [B, S, vocab]; or, given ``labels`` (with the fused cross_entropy kernel), the mean loss; or, given
+        ``logits_at`` (rows, positions), the logits at those places alone [N, vocab] (scoring: the output layer, a
+        fifth of a 1B's compute, runs only where it is read). ``attention_mask``: under context parallelism the
+        shard's part of the mask; otherwise an explicit one (``layer_inputs``)."""
+        return self.lm_head(at(self.hidden_states(input_ids, position_ids, attention_mask), logits_at), labels)
 
     def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                       attention_mask=None) -> torch.Tensor:
@@ -288,18 +296,23 @@ class Transformer(nn.Module):
             x = layer(x, *context)
         return self.norm(x)
 
-    def layer_inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, shard_mask=None) -> tuple:
+    def layer_inputs(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None, given_mask=None) -> tuple:
         """(embeddings, cos, sin, backend, mask): what every block takes.
 
         Given ``position_ids`` (packed documents, restarting at 0), attention stays within each document. Under
         context parallelism the inputs are one rank's shard (``ContextParallel.shard``): ``position_ids`` are then
-        its tokens' RoPE positions and ``shard_mask`` its part of the mask, both made from the whole sequence.
+        its tokens' RoPE positions and ``given_mask`` its part of the mask, both made from the whole sequence.
+        Otherwise a ``given_mask`` [B, 1, S, S] bool (True: may attend; causality included) is SDPA's (eager's
+        where that is the backend), with ``position_ids`` as the RoPE positions alone: scoring choices that share
+        a context (``downstream.SharedContext``).
         """
-        if self.context_parallel is None:
+        if self.context_parallel is not None:
+            backend, mask = self.context_parallel.backend, given_mask
+        elif given_mask is not None:
+            backend, mask = 'eager' if self.kernels.attn_impl == 'eager' else 'sdpa', given_mask
+        else:
             backend = self.attention_backend(position_ids is not None, input_ids.is_cuda)
             mask = attention_mask(backend, position_ids, self.config.causal, *input_ids.shape, input_ids.device)
-        else:
-            backend, mask = self.context_parallel.backend, shard_mask
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
         cos, sin = self.rope_tables(position_ids)

@@ -12,7 +12,7 @@ from torch import nn
 
 from llmfoundry_ext.model import fused
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, TransformerBlock, residual_init_std,
+from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, TransformerBlock, at, residual_init_std,
                                         up_init_std)
 
 
@@ -114,13 +114,14 @@ class Mixtral(Transformer):
     block_class = MixtralBlock
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None, attention_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+                labels: torch.Tensor | None = None, attention_mask=None, logits_at: tuple | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         x, *context = self.layer_inputs(input_ids, position_ids, attention_mask)
         statistics = []
         for layer in self.layers:
             x, layer_statistics = layer(x, *context)
             statistics.append(layer_statistics)
-        return self.lm_head(self.norm(x), labels), torch.stack(statistics)
+        return self.lm_head(at(self.norm(x), logits_at), labels), torch.stack(statistics)
 
     def init_module(self, module: nn.Module):
         if isinstance(module, GroupedExperts):

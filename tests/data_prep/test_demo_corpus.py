@@ -22,6 +22,16 @@ def test_next_line_questions_put_the_real_next_line_among_three_of_other_documen
     assert sorted({q['answer'] for q in questions}) == [0, 1, 2, 3]
 
 
+def test_longer_questions_take_more_context_lines_and_endings_of_as_many_lines():
+    questions = next_line_questions(DOCUMENTS, 30, context_lines=4, ending_lines=2)
+    for question in questions:
+        context = question['context'].splitlines()
+        lines = next(d.splitlines() for d in DOCUMENTS if context[-1] in d.splitlines())
+        after = lines.index(context[-1]) + 1
+        assert len(context) == 4 and question['choices'][question['answer']] == '\n'.join(lines[after:after + 2])
+        assert all(len(choice.splitlines()) == 2 for choice in question['choices'])
+
+
 def test_the_demo_task_loads_through_the_harness_from_its_folder(tmp_path):
     os.makedirs(tmp_path / 'tokenizer')
     write_demo_task(str(tmp_path), questions=30, files=40)

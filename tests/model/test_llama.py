@@ -45,6 +45,15 @@ def test_causal_logits_ignore_future_tokens():
     assert not torch.allclose(before[:, 12:], after[:, 12:])
 
 
+def test_logits_at_places_equal_the_full_logits_there():
+    transformer = model()
+    tokens = torch.randint(0, 97, (3, 20))
+    rows, positions = torch.tensor([0, 0, 2, 1]), torch.tensor([5, 19, 0, 7])
+    picked = transformer(tokens, logits_at=(rows, positions))
+    assert picked.shape == (4, 97)
+    torch.testing.assert_close(picked, transformer(tokens)[rows, positions], rtol=1e-6, atol=1e-6)
+
+
 def test_bidirectional_logits_see_future_tokens():
     transformer = model(LlamaConfig(**{**TINY.__dict__, 'causal': False}))
     tokens = torch.randint(0, 97, (1, 16))

@@ -104,3 +104,15 @@ def test_experts_initialised_with_depth_scaled_down_projection():
     assert experts.w3.std().item() == pytest.approx(0.02 / 2 ** 0.5, rel=0.02)
     deepest = model.layers[7].mlp.experts
     assert deepest.w2.std().item() == pytest.approx(0.02 / 4, rel=0.02)   # 0.02 / sqrt(2 (7 + 1))
+
+
+def test_logits_at_places_equal_the_full_logits_there():
+    torch.manual_seed(0)
+    model = Mixtral(TINY)
+    model.init_weights()
+    tokens = torch.randint(0, 101, (2, 16))
+    rows, positions = torch.tensor([1, 0, 1]), torch.tensor([3, 15, 0])
+    picked, statistics = model(tokens, logits_at=(rows, positions))
+    logits, full_statistics = model(tokens)
+    torch.testing.assert_close(picked, logits[rows, positions], rtol=1e-6, atol=1e-6)
+    assert torch.equal(statistics, full_statistics)
