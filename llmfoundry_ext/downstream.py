@@ -171,8 +171,10 @@ class HarnessModel(TemplateLM):
 
 def model_input(context: list[int], continuation: list[int], max_length: int) -> tuple[list[int], list[int]]:
     """(the tokens the model reads, the continuation it is scored on): context and continuation cut from the left to
-    ``max_length`` + 1 tokens, less the last, as the harness's HF backend."""
-    return (context + continuation)[-(max_length + 1):][:-1], continuation
+    ``max_length`` + 1 tokens, less the last, as the harness's HF backend; a continuation longer than that window
+    is scored on its tokens the window predicts (the HF backend fails on one)."""
+    tokens = (context + continuation)[-(max_length + 1):][:-1]
+    return tokens, continuation[-len(tokens):] if len(continuation) > len(tokens) else continuation
 
 
 @dataclass

@@ -179,6 +179,13 @@ def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(
     assert evaluate_main([trained, '--tasks', 'arithmetic_choice', 'last_word', '--include', tasks_folder,
                           '--batch-tokens', '300', '--json', str(tmp_path / 'evaluate.json')]) == 0
     assert_same_scores(json.loads((tmp_path / 'evaluate.json').read_text()), theirs)
+    two_processes = subprocess.run(
+        [COMPOSER, '-n', '2', os.path.join(REPO, 'scripts', 'evaluate.py'), trained, '--tasks', 'arithmetic_choice',
+         'last_word', '--include', tasks_folder, '--batch-tokens', '300', '--json', str(tmp_path / 'evaluate2.json')],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert two_processes.returncode == 0, two_processes.stderr[-2000:]
+    assert 'scored by 2 processes, each its share of the documents' in two_processes.stdout
+    assert_same_scores(json.loads((tmp_path / 'evaluate2.json').read_text()), theirs)
     choice, last_word = ours['results']['arithmetic_choice'], ours['results']['last_word']
     assert choice['acc,none'] != choice['acc_norm,none']  # the choices' lengths differ, so the norm matters
     assert choice['acc,none'] > 0.3 and last_word['acc,none'] > 0  # trained: better than chance (0.25, 1/18)
@@ -194,6 +201,7 @@ def test_batches_hold_at_most_the_token_budget_longest_first():
 def test_model_input_drops_the_last_token_and_cuts_from_the_left():
     assert model_input([1, 2, 3], [4, 5], max_length=10) == ([1, 2, 3, 4], [4, 5])
     assert model_input([1, 2, 3], [4, 5], max_length=3) == ([2, 3, 4], [4, 5])
+    assert model_input([1, 2], [3, 4, 5, 6, 7], max_length=3) == ([4, 5, 6], [5, 6, 7])  # the window predicts 5-7
 
 
 def test_choices_sharing_a_context_score_as_one_forward_each():
