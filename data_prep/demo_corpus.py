@@ -89,8 +89,9 @@ def next_line_questions(documents: list[str], count: int, seed: int = 1, context
         index = rng.randrange(len(usable))
         document = usable[index]
         at = rng.randrange(context_lines, len(document) - ending_lines + 1)
-        others = [usable[other] for other in rng.sample(range(len(usable)), 4) if other != index][:3]
-        choices = [span(document, at), *(span(other, rng.randrange(len(other) - ending_lines + 1)) for other in others)]
+        others = [span(usable[other], rng.randrange(len(usable[other]) - ending_lines + 1))
+                  for other in rng.sample(range(len(usable)), 4) if other != index][:3]
+        choices = [span(document, at), *others]
         if len(set(choices)) < 4:
             continue
         rng.shuffle(choices)

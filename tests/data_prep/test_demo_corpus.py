@@ -20,6 +20,11 @@ def test_next_line_questions_put_the_real_next_line_among_three_of_other_documen
         assert len(set(choices)) == 4 and choices[question['answer']] == lines[lines.index(context[-1]) + 1]
         assert all(choice not in lines for index, choice in enumerate(choices) if index != question['answer'])
     assert sorted({q['answer'] for q in questions}) == [0, 1, 2, 3]
+    # the draws of the questions behind the README's demo accuracies (a change here changes the demo's task)
+    assert questions[1] == {'context': 'value_12_1 = 1 * 12\nvalue_12_2 = 2 * 12\nvalue_12_3 = 3 * 12\n',
+                            'choices': ['value_19_5 = 5 * 19', 'value_0_1 = 1 * 0', 'value_14_1 = 1 * 14',
+                                        'value_12_4 = 4 * 12'], 'answer': 3}
+    assert [q['answer'] for q in questions][:12] == [3, 3, 1, 2, 3, 0, 1, 1, 0, 2, 0, 0]
 
 
 def test_longer_questions_take_more_context_lines_and_endings_of_as_many_lines():
