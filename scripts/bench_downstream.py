@@ -27,7 +27,8 @@ import time
 from data_prep.demo_corpus import next_line_questions, write_choice_task, write_tokenizer_config
 from llmfoundry_ext.benchmark import Row
 from llmfoundry_ext.learning import REPO, Hyper, our_run_yaml, prepare_data, source_pieces
-from llmfoundry_ext.downstream import harness_tokenizer, metrics_of
+from llmfoundry_ext.downstream import (HarnessModel, harness_tokenizer, load_tasks, metrics_of, model_from_weights,
+                                       run_tasks)
 
 TASK = 'hellaswag_like'
 MAX_CHARS = 400  # a question's context and longest choice (code has lines of data thousands long)
@@ -117,7 +118,6 @@ def profile_ours(checkpoints: str, task: dict, args, out: str) -> None:
     import io
     import pstats
     import torch
-    from llmfoundry_ext.downstream import HarnessModel, load_tasks, model_from_weights, run_tasks
 
     class Unscored(HarnessModel):
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
