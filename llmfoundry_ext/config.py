@@ -388,14 +388,16 @@ def check_batch_split(config: TrainConfig) -> None:
         raise ConfigError(f'global_batch_size: {config.global_batch_size} is not divisible by {what}; use a multiple '
                           f'of {ranks}')
     micro = config.device_microbatch_size
-    if micro is None:
-        return
-    if micro <= 0:
+    if micro is not None and micro <= 0:
         raise ConfigError(f'device_microbatch_size: must be positive, got {micro}')
-    if config.device_batch_size % micro:
+    if micro is not None and config.device_batch_size % micro:
         raise ConfigError(f'device_microbatch_size: {micro} does not divide the per-device batch '
                           f'{config.device_batch_size} (global_batch_size {config.global_batch_size} / '
                           f'{ranks} devices); pick a divisor of {config.device_batch_size}')
+    tokens = (micro or config.device_batch_size) * config.max_seq_len // config.parallelism.context_parallel_degree
+    if config.model.float8 and tokens % 16:
+        raise ConfigError(f'model.float8: a micro-batch is {tokens:,} tokens a GPU, and float8 GEMMs need a multiple '
+                          f'of 16 (their weight gradients sum over the tokens); make max_seq_len a multiple of 16')
 
 
 def check_model(model: ModelConfig, max_seq_len: int) -> None:

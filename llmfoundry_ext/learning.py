@@ -6,8 +6,8 @@ test tokenizer (2,000 ids; BOS and EOS added as ids 2,002 and 2,003, as torchtit
 JSON-lines file in order, each document between BOS and EOS, and cuts the stream into samples of seq_len + 1 tokens
 (inputs the first seq_len, labels the last seq_len). Ours reads the same file converted by
 ``data_prep/convert_to_mds.py`` as one part into windows of seq_len + 1 tokens, in order (``shuffle: false``), and
-trains at ``max_seq_len`` seq_len + 1: the last position's label is ignored and causal attention keeps it out of
-the others, so each step's inputs, labels, loss and gradients are torchtitan's, token for token. (Windows of seq_len
+trains at ``max_seq_len`` seq_len, the window's last token the last position's label (``data.collate``), so each
+step's inputs, labels, loss and gradients are torchtitan's, token for token. (Windows of seq_len
 drifted one token a sample from torchtitan's, and parts converted apart dropped their tails: on the 1B, a drift of
 ~40 tokens decided whether the step after the warm-up's peak spiked, and with it the run's next hundreds of steps:
 README, Learning.) Rows are the throughput
@@ -119,8 +119,9 @@ def our_run_yaml(row: Row, folder: str, data: dict, hyper: Hyper, seed: int) -> 
     row's own overrides set them: the change under test) and ``seed``; no evaluation, checkpoints or loggers.
     Returns its path."""
     raw = read_yaml(row.source, row.overrides)
-    raw.setdefault('model', {})['max_seq_len'] = data['window']
-    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={}, downstream=None, max_seq_len=data['window'],
+    seq_len = data['window'] - 1
+    raw.setdefault('model', {})['max_seq_len'] = seq_len
+    raw.update(seed=seed, max_duration=f'{hyper.steps}ba', loggers={}, downstream=None, max_seq_len=seq_len,
                checkpoint={'save_folder': None, 'autoresume': False},
                optimizer={'name': 'adamw', 'fused': True, 'lr': hyper.lr, 'betas': list(hyper.betas),
                           'eps': hyper.eps, 'weight_decay': hyper.weight_decay},
@@ -294,9 +295,10 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
     return report
 
 
-def merge_reports(paths: list[str], versus: list[str]) -> dict:
+def merge_reports(paths: list[str], versus: list[str], renames: list[str] = ()) -> dict:
     """One report from the rows of several saved ones (runs split over machines or calls), which must share their
-    hyper-parameters and window."""
+    hyper-parameters and window. ``renames`` ('OLD=NEW', or 'FILE:OLD=NEW' for one file's rows, FILE as given in
+    ``paths``) joins rows that ran the same settings under another name (a row whose settings became the default)."""
     reports = []
     for path in paths:
         with open(path) as file:
@@ -306,9 +308,20 @@ def merge_reports(paths: list[str], versus: list[str]) -> dict:
         if (report['hyper'], report['width']) != (first['hyper'], first['width']):
             raise ValueError(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
                              f"{first['hyper']}, window {first['width']}")
-    rows = [row for report in reports for row in report['rows']]
+    rows = [{**row, 'name': renamed(row['name'], path, renames)} for path, report in zip(paths, reports)
+            for row in report['rows']]
     return build_report(Hyper(**{**first['hyper'], 'betas': tuple(first['hyper']['betas'])}), first['width'],
                         first['data'], rows, versus)
+
+
+def renamed(name: str, path: str, renames: list[str]) -> str:
+    """``name`` after the first of ``renames`` ('OLD=NEW' or 'FILE:OLD=NEW') that applies to it in ``path``."""
+    for rename in renames:
+        scope, _, pair = rename.rpartition(':')
+        old, new = pair.split('=', 1)
+        if old == name and scope in ('', path):
+            return new
+    return name
 
 
 def print_report(report: dict) -> None:

@@ -40,14 +40,29 @@ SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', *ATTENTION_OPS,
              '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default')
 
 
+def shards_the_model(config: TrainConfig) -> bool:
+    """FSDP2 (or HSDP) over the ranks: ``parallelism.fsdp`` set and more than one process. One process trains a plain
+    module under autocast, as torchtitan does on one GPU: FSDP2 over one rank only copies the parameters in and the
+    gradients out each step, and keeps the residual stream in bf16 (its parameter dtype) where autocast keeps it in
+    fp32. Its checkpoints are one file; autoresume converts between the two formats (``resumption``)."""
+    return config.parallelism.fsdp is not None and world_size() > 1
+
+
+def sharded_checkpoints(config: TrainConfig) -> bool:
+    """Composer writes a folder of shards under FSDP2 with ``state_dict_type: sharded``, else one file."""
+    return shards_the_model(config) and config.parallelism.fsdp.state_dict_type == 'sharded'
+
+
 def init_device(config: TrainConfig) -> str:
     """``model.init_device``; auto: ``meta`` under FSDP2 on GPUs (each rank materialises its shards), but rank 0
-    builds on the CPU to load ``init_from`` (Composer then broadcasts its weights to the other ranks' shards);
-    ``cpu`` otherwise."""
+    builds on the CPU to load ``init_from`` (Composer then broadcasts its weights to the other ranks' shards); the
+    GPU itself for one process; ``cpu`` otherwise."""
     if config.model.init_device != 'auto':
         return config.model.init_device
-    if not (torch.cuda.is_available() and config.parallelism.fsdp):
+    if not torch.cuda.is_available():
         return 'cpu'
+    if not shards_the_model(config):
+        return 'cuda' if world_size() == 1 else 'cpu'
     return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
 
 
@@ -59,8 +74,7 @@ def parallelize(transformer: Transformer, config: TrainConfig,
     if context_parallel is not None:
         context_parallel.apply(transformer)
     if config.model.float8:
-        fp8_all_gather = (config.model.float8_recipe == 'tensorwise' and config.parallelism.fsdp is not None
-                          and world_size() > 1)
+        fp8_all_gather = config.model.float8_recipe == 'tensorwise' and shards_the_model(config)
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
@@ -195,9 +209,10 @@ class MeshFSDP2Config(FSDP2Config):
 
 def composer_parallelism(config: TrainConfig):
     """Composer's ``parallelism_config``: FSDP2 over all ranks, or HSDP with ``replicate_degree`` replicas; None
-    for DDP. Activation checkpointing is ours (``parallelize``), so Composer's own stays off."""
+    for DDP and for one process (``shards_the_model``). Activation checkpointing is ours (``parallelize``), so
+    Composer's own stays off."""
     fsdp = config.parallelism.fsdp
-    if fsdp is None:
+    if not shards_the_model(config):
         return None
     return {'fsdp': MeshFSDP2Config(
         replicate_degree=fsdp.replicate_degree, reshard_after_forward=fsdp.reshard_after_forward,

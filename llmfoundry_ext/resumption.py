@@ -6,6 +6,11 @@ folder; a kill between the two link steps leaves no link, and Composer would sta
 truncated or damaged later. So: after each save rank 0 writes a seal (each file's size and the metadata's sha256),
 and before a run starts rank 0 picks the newest checkpoint that is complete and intact, moves newer broken ones
 aside (renamed, never deleted) with one line each, and points the link at it.
+
+One process writes one file (the model unsharded: ``parallelism.shards_the_model``), FSDP2 over several a sharded
+folder; Composer reads only the format the run writes. A checkpoint of the other format is converted beside it
+(torch.distributed.checkpoint's own format conversion; the original kept), so a run moves between one GPU and many
+and back, with its data order: the dataset state travels in the checkpoint either way.
 """
 import errno
 import json
@@ -15,11 +20,12 @@ import re
 import zipfile
 
 import torch
+import torch.distributed.checkpoint as dcp
 from composer.callbacks import CheckpointSaver
 from composer.utils import dist
 from composer.utils.checkpoint import get_save_filename
 
-from llmfoundry_ext.atomic import write_atomically
+from llmfoundry_ext.atomic import atomic_folder, write_atomically
 from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
 
@@ -102,19 +108,26 @@ def unsealed_file_problem(checkpoint: str) -> str | None:
     return None if zipfile.is_zipfile(checkpoint) else 'not a complete torch.save archive (truncated?)'
 
 
-def checkpoints_newest_first(folder: str) -> list[str]:
-    """The checkpoints Composer wrote in ``folder`` (``ep<e>-ba<b>`` folders or ``-rank0.pt`` files), newest first."""
-    names = [(int(match[1]), name) for name in os.listdir(folder) if (match := CHECKPOINT_NAME.match(name))]
-    return [name for _, name in sorted(names, reverse=True)]
+def checkpoints_newest_first(folder: str, sharded: bool) -> list[str]:
+    """The checkpoints Composer wrote in ``folder`` (``ep<e>-ba<b>`` folders or ``-rank0.pt`` files), newest first;
+    of one batch's two formats, ``sharded``'s first."""
+    names = [(int(match[1]), is_sharded(name) == sharded, name)
+             for name in os.listdir(folder) if (match := CHECKPOINT_NAME.match(name))]
+    return [name for *_, name in sorted(names, reverse=True)]
 
 
-def prepare_autoresume(folder: str) -> list[str]:
-    """Point ``folder/latest-rank0.pt`` at the newest complete checkpoint, moving newer broken ones aside; returns
-    one line per checkpoint moved. Raises TrainingStopped if none is complete but one was once (sealed, or its
-    metadata written) and has since been damaged: starting from scratch would silently throw the run away."""
+def is_sharded(name: str) -> bool:
+    return not name.endswith('-rank0.pt')
+
+
+def prepare_autoresume(folder: str, sharded: bool) -> list[str]:
+    """Point ``folder/latest-rank0.pt`` at the newest complete checkpoint, moving newer broken ones aside, and
+    converting it first where it is not of the format this run reads (``sharded``: a folder, else one file); returns
+    one line per checkpoint moved or converted. Raises TrainingStopped if none is complete but one was once (sealed,
+    or its metadata written) and has since been damaged: starting from scratch would silently throw the run away."""
     if not os.path.isdir(folder):
         return []
-    names = checkpoints_newest_first(folder)
+    names = checkpoints_newest_first(folder, sharded)
     problems = {name: problem(os.path.join(folder, name)) for name in names}
     target = next((name for name in names if problems[name] is None), None)
     if target is None and any(was_complete(os.path.join(folder, name)) for name in names):
@@ -126,9 +139,35 @@ def prepare_autoresume(folder: str) -> list[str]:
         moved = move_aside(os.path.join(folder, name))
         lines.append(f'autoresume: skipped checkpoint {name} ({problems[name]}); moved it to {moved}, '
                      + (f'resuming from {target}' if target else 'starting from scratch (no checkpoint was complete)'))
+    if target and is_sharded(target) != sharded:
+        converted = convert(folder, target, sharded)
+        lines.append(f'autoresume: {target} is {"one file" if sharded else "sharded"}, this run reads '
+                     f'{"sharded folders" if sharded else "one file"}: converted it to {converted} (kept {target})')
+        target = converted
     if target:
         point_latest_at(folder, target)
     return lines
+
+
+def convert(folder: str, name: str, sharded: bool) -> str:
+    """Checkpoint ``name`` written into the other format beside it (``ep0-ba6-rank0.pt`` <-> ``ep0-ba6``), whole or
+    not at all, and sealed; returns the new name. The file is memory-mapped, not read into memory, to write the
+    folder; the folder's shards, each with its part of every tensor, are gathered whole into the file."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    source, base = os.path.join(folder, name), name.removesuffix('-rank0.pt')
+    converted = base if sharded else f'{base}-rank0.pt'
+    target = os.path.join(folder, converted)
+    if sharded:
+        with atomic_folder(target) as partial:
+            state = torch.load(source, map_location='cpu', mmap=True, weights_only=False)  # our own checkpoint
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(partial), no_dist=True)
+    else:
+        partial = f'{target}.partial'
+        dcp_to_torch_save(source, partial)
+        os.replace(partial, target)
+    seal(target)
+    return converted
 
 
 def was_complete(checkpoint: str) -> bool:
@@ -158,12 +197,12 @@ def point_latest_at(folder: str, name: str) -> None:
     os.replace(temporary, link)
 
 
-def prepare_autoresume_on_rank_zero(folder: str) -> None:
+def prepare_autoresume_on_rank_zero(folder: str, sharded: bool) -> None:
     """``prepare_autoresume`` on global rank 0, which prints its lines; every rank raises its error, if any."""
     outcome = [None]
     if dist.get_global_rank() == 0:
         try:
-            for line in prepare_autoresume(folder):
+            for line in prepare_autoresume(folder, sharded):
                 print(line, flush=True)
         except TrainingStopped as stop:
             outcome = [str(stop)]

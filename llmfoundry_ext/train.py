@@ -16,7 +16,7 @@ from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
 from llmfoundry_ext.node_watch import start_node_watch
-from llmfoundry_ext.parallelism import describe_checkpointing
+from llmfoundry_ext.parallelism import describe_checkpointing, sharded_checkpoints
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
 
@@ -72,7 +72,7 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
         if removed:
             print(f"removed streaming shared memory left by earlier runs: prefixes {', '.join(removed)}", flush=True)
     if config.checkpoint.autoresume and config.checkpoint_folder:
-        prepare_autoresume_on_rank_zero(config.checkpoint_folder)
+        prepare_autoresume_on_rank_zero(config.checkpoint_folder, sharded_checkpoints(config))
     dist.barrier()
     trainer = build_trainer(run, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1
@@ -168,10 +168,11 @@ def downstream_line(run: Run) -> list[str]:
 
 
 def parallel_layout(trainer) -> str:
-    """'FSDP2 over N ranks', 'HSDP R replicas x S shards' or 'DDP', from the mesh Composer built."""
+    """'FSDP2 over N ranks', 'HSDP R replicas x S shards', 'DDP' or 'one process, unsharded', from the mesh Composer
+    built."""
     mesh = trainer.state.fsdp_config.device_mesh if trainer.state.fsdp_config else None
     if mesh is None:
-        return 'DDP'
+        return 'DDP' if dist.get_world_size() > 1 else 'one process, unsharded'
     if mesh.ndim == 2:
         return f'HSDP {mesh.size(0)} replicas x {mesh.size(1)} shards'
     return f'FSDP2 over {mesh.size()} ranks'

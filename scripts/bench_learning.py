@@ -25,6 +25,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--row', action='append', default=[], help="'NAME SOURCE key=value ...' (repeatable)")
     parser.add_argument('--report', nargs='+', help='print the table of saved JSON files instead of training')
+    parser.add_argument('--rename', action='append', default=[], metavar='[FILE:]OLD=NEW',
+                        help="with --report: row OLD (of FILE's rows only) counted as row NEW (the same settings)")
     parser.add_argument('--seeds', type=int, nargs='+', default=[1, 2])
     parser.add_argument('--single-seed', action='append', default=[], help='a row name trained on the first seed only')
     parser.add_argument('--steps', type=int, default=500)
@@ -43,7 +45,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:
-        report = merge_reports(args.report, args.versus)
+        report = merge_reports(args.report, args.versus, args.rename)
         print_report(report)
         if args.json:
             with open(args.json, 'w') as file:

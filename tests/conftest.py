@@ -105,6 +105,14 @@ def launched_alone(monkeypatch):
         torch.distributed.destroy_process_group()
 
 
+@pytest.fixture
+def fsdp_on_one_process(monkeypatch):
+    """FSDP2 over this one process as over several (its units, mixed precision and sharded checkpoints) without
+    launching more: one process alone trains unsharded (``parallelism.shards_the_model``)."""
+    from llmfoundry_ext import parallelism
+    monkeypatch.setattr(parallelism, 'shards_the_model', lambda config: config.parallelism.fsdp is not None)
+
+
 @pytest.fixture(scope='module')
 def one_process_group():
     """A default process group of this one process (gloo, or NCCL on a GPU) for FSDP2 without a launcher; an

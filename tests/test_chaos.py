@@ -1,9 +1,12 @@
 """Autoresume after kill -9, through the chaos harness (scripts/chaos.py runs 20 trials): a 2-process FSDP2 run
 (selective activation checkpointing, untied) killed inside a checkpoint write resumes from the checkpoint before with
 every rank's losses and sample ids equal to the uninterrupted run's, bit for bit; resumed from the same kill with 1
-process (elastic), it reads the same global batches and its losses are the 2 ranks' averages."""
+process (elastic, unsharded: the sharded checkpoint converted to one file), it reads the same global batches and its
+losses are the 2 ranks' averages; and a checkpoint that one process wrote resumes on 2 (converted to shards) with each
+rank's samples and losses those of the uninterrupted run."""
 import os
 import random
+import re
 import shutil
 
 import pytest
@@ -13,7 +16,7 @@ from llmfoundry_ext.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, r
 from llmfoundry_ext.resumption import SEAL
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_processes_or_one(tmp_path):
     folder = str(tmp_path)
     runner = Runner(folder, run_yaml(folder, write_streams(folder)), write_delay=0.02)
@@ -44,3 +47,28 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
     for rank in (0, 1):
         assert [two[rank][b]['sample_ids'] for b in range(1, resumed + 1)] == \
             [expected[rank][b]['sample_ids'] for b in range(1, resumed + 1)]
+    assert f'autoresume: ep0-ba{resumed} is sharded, this run reads one file: converted it to ' \
+           f'ep0-ba{resumed}-rank0.pt (kept ep0-ba{resumed})' in runner.log('elastic')
+    assert 'one process, unsharded' in runner.log('elastic')
+    check_resumes_on_two_processes_from_one(runner, tmp_path, resumed + SAVE_EVERY, expected)
+
+
+def check_resumes_on_two_processes_from_one(runner: Runner, tmp_path, batch: int, expected) -> None:
+    """The elastic run cut back to its first checkpoint of its own (one file), resumed on 2 processes to the end."""
+    shutil.copytree(tmp_path / 'elastic', tmp_path / 'back', symlinks=True)
+    checkpoints = tmp_path / 'back' / 'checkpoints'
+    for name in os.listdir(checkpoints):
+        if re.fullmatch(r'\.?ep0-ba(\d+)(-rank0\.pt)?(\.complete\.json)?', name) and \
+                int(re.search(r'ba(\d+)', name)[1]) > batch:
+            shutil.rmtree(checkpoints / name) if (checkpoints / name).is_dir() else os.remove(checkpoints / name)
+    runner.finish('back', attempts=1)
+    log = runner.log('back')
+    assert f'autoresume: ep0-ba{batch}-rank0.pt is one file, this run reads sharded folders: converted it to ' \
+           f'ep0-ba{batch} (kept ep0-ba{batch}-rank0.pt)' in log
+    assert resumption(log) == (batch, '') and 'FSDP2 over 2 ranks' in log
+    back, after = runner.ledgers('back'), range(batch + 1, BATCHES + 1)
+    for rank in (0, 1):
+        assert [back[rank][b]['sample_ids'] for b in after] == [expected[rank][b]['sample_ids'] for b in after]
+        assert [back[rank][b]['loss'] for b in after] == pytest.approx(
+            [expected[rank][b]['loss'] for b in after], rel=1e-5, abs=0)
+    assert sorted(os.listdir(checkpoints / f'ep0-ba{BATCHES}')) == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']

@@ -6,7 +6,7 @@ import pytest
 
 from llmfoundry_ext.config import load
 from llmfoundry_ext.errors import ConfigError
-from tests.conftest import REPO, change, config_error, write_yaml
+from tests.conftest import REPO, change, changes, config_error, write_yaml
 
 
 def test_preset_fills_the_architecture_under_yaml_keys(tiny_config, tmp_path):
@@ -58,6 +58,9 @@ BAD_CONFIGS = [
      "model.sdpa_kernel: 'cudnn9' is not one of auto, cudnn, flash, efficient, math"),
     (change('model.float8_recipe', 'blockwise'),
      "model.float8_recipe: 'blockwise' is not one of tensorwise, rowwise"),
+    (changes(('model.float8', True), ('max_seq_len', 33), ('model.max_seq_len', 64), ('device_microbatch_size', 2)),
+     'model.float8: a micro-batch is 66 tokens a GPU, and float8 GEMMs need a multiple of 16 (their weight gradients '
+     'sum over the tokens); make max_seq_len a multiple of 16'),
     (change('model.init_scheme', 'xavier'),
      "model.init_scheme: 'xavier' is not one of torchtitan, gpt2"),
     (change('parallelism.fsdp.activation_checkpointing', 'some'),

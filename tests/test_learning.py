@@ -34,6 +34,22 @@ def test_verdict_names_every_window_over_the_tolerance_from_the_first_step_count
     assert not verdict(summary, 'ours', 'titan', 50, 50, 0.01)['holds']
 
 
+def test_merged_reports_join_renamed_rows_of_the_files_named(tmp_path):
+    """'ours' of the first file was another setting (renamed apart); 'matched' everywhere is now 'ours'."""
+    def report(name, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps(learning.build_report(Hyper(steps=2), 2, {}, rows, [])))
+        return str(path)
+
+    first = report('1.json', [{'name': 'ours', 'seed': 1, 'losses': [4.0, 2.0]},
+                              {'name': 'matched', 'seed': 1, 'losses': [3.0, 1.0]}])
+    second = report('2.json', [{'name': 'ours', 'seed': 2, 'losses': [2.0, 2.0]}])
+    merged = learning.merge_reports([first, second], ['ours:old'], [f'{first}:ours=old', 'matched=ours'])
+    assert {name: (row['seeds'], row['mean']) for name, row in merged['summary'].items()} == {
+        'old': (1, [3.0]), 'ours': (2, [2.0])}
+    assert merged['verdicts'][0]['holds'] and merged['verdicts'][0]['final_ours'] == 2.0
+
+
 def source_tree(root) -> str:
     for index in range(3):
         os.makedirs(root / f'pkg{index}', exist_ok=True)
@@ -75,10 +91,10 @@ def learning_data(tmp_path_factory) -> dict:
                         small_tokenizer(str(root / 'source-tokenizer')))
 
 
-SEQ_LEN = 63  # torchtitan's seq_len: our windows and max_seq_len are 64
+SEQ_LEN = 63  # torchtitan's seq_len and our max_seq_len: our windows are 64
 
 
-SMALL = ('max_seq_len=64 global_batch_size=2 device_microbatch_size=2 precision=fp32 model.n_layers=2 '
+SMALL = ('max_seq_len=63 global_batch_size=2 device_microbatch_size=2 precision=fp32 model.n_layers=2 '
          'model.vocab_size=512 parallelism.fsdp=null')
 
 
@@ -93,7 +109,7 @@ def test_our_rows_read_the_shards_in_order_with_the_benchmarks_optimizer(learnin
     run = prepare(yaml)
     config = run.config
     assert (config.seed, config.max_duration, config.data.eval, config.checkpoint.save_folder) == (5, '7ba', None, None)
-    assert (config.max_seq_len, config.model.max_seq_len) == (SEQ_LEN + 1, SEQ_LEN + 1)
+    assert (config.max_seq_len, config.model.max_seq_len) == (SEQ_LEN, SEQ_LEN)
     assert config.optimizer == {'name': 'adamw', 'fused': True, 'lr': 1e-3, 'betas': [0.9, 0.95], 'eps': 1e-8,
                                 'weight_decay': 0.0}  # the row's own override: the change it measures
     assert config.scheduler == {'name': 'linear_with_warmup', 't_warmup': '2ba', 'alpha_f': 0.0}
@@ -119,8 +135,8 @@ def torchtitan_samples(corpus: str, tokenizer: str, seq_len: int, count: int) ->
 
 
 def test_each_batch_holds_torchtitans_samples_token_for_token(learning_data, tmp_path, launched_alone):
-    """Every sample of the corpus (46 of 64 tokens), inputs and labels; the extra last position's label is ignored,
-    so the loss and gradients are torchtitan's."""
+    """Every sample of the corpus (46 of 64 tokens), inputs and labels: every position labelled, the last by the
+    window's last token, so the loss and gradients are torchtitan's."""
     from llmfoundry_ext.build import build_collator
     from llmfoundry_ext.data.dataloader import build_dataloader
     from llmfoundry_ext.preflight import prepare
@@ -128,12 +144,11 @@ def test_each_batch_holds_torchtitans_samples_token_for_token(learning_data, tmp
     run = prepare(our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), learning_data,
                                Hyper(steps=2), seed=5))
     loader = build_dataloader(run.config.data.train, run.config.device_batch_size, build_collator(run))
-    ours = [(sample[:SEQ_LEN].tolist(), labels[:SEQ_LEN].tolist(), labels[SEQ_LEN].item())
+    ours = [(sample.tolist(), labels.tolist())
             for batch in loader.dataloader for sample, labels in zip(batch['input_ids'], batch['labels'])]
     theirs = torchtitan_samples(learning_data['corpus'], learning_data['tokenizer'], SEQ_LEN, len(ours))
     assert (len(ours), learning_data['tokens'] // (SEQ_LEN + 1)) == (46, 47)  # 23 whole batches of 2 windows
-    assert [(inputs, labels) for inputs, labels, _ in ours] == theirs
-    assert {ignored for _, _, ignored in ours} == {-100}
+    assert ours == theirs
 
 
 FAKE_TORCHTITAN = """

@@ -130,7 +130,7 @@ def test_checkpointing_inside_fsdp2_units_recomputes_with_the_bf16_cast_inputs(t
     assert all(torch.equal(grads[name], grad) for name, grad in expected.items())
 
 
-def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, launched_alone):
+def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, launched_alone, fsdp_on_one_process):
     """Each block is a unit; untied embeddings and output layer are units of their own (the output layer kept
     gathered after its forward); tied, they stay with the root. The output layer's fused loss goes through its
     call, so its unit is gathered for it."""
@@ -146,7 +146,7 @@ def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, l
     assert [name for name, m in tied.named_modules() if tied.fsdp_wrap_fn(m)] == ['layers.0', 'layers.1']
 
 
-def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path):
+def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path, fsdp_on_one_process):
     from llmfoundry_ext.parallelism import composer_parallelism
     config = run_config(tiny_config, tmp_path, 'full')
     assert composer_parallelism(config)['fsdp'].activation_checkpointing is False

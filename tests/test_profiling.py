@@ -63,8 +63,8 @@ def test_profile_script_on_two_cpu_processes(tmp_path):
 
 
 def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path):
-    """--model hf trains transformers' LlamaForCausalLM of the YAML's shape (each decoder layer an FSDP2 unit);
-    --python records the modules' frames, which name it."""
+    """--model hf trains transformers' LlamaForCausalLM of the YAML's shape (unsharded: one process); --python
+    records the modules' frames, which name it."""
     trace = tmp_path / 'trace.json'
     result = subprocess.run(
         [COMPOSER, '-n', '1', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=2', 'model.n_layers=2',
@@ -73,8 +73,8 @@ def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f'yamls/demo.yaml (hf): 1 profiled steps after 1 warm-up; trace in {trace}' in result.stdout
     modules = {e['name'] for e in json.load(open(trace))['traceEvents'] if e['name'].startswith('nn.Module: ')}
-    assert {'nn.Module: FSDPLlamaForCausalLM_0', 'nn.Module: FSDPLlamaDecoderLayer_0',
-            'nn.Module: FSDPLlamaDecoderLayer_1'} <= modules
+    assert {'nn.Module: LlamaForCausalLM_0', 'nn.Module: LlamaDecoderLayer_0',
+            'nn.Module: LlamaDecoderLayer_1'} <= modules
     assert not any('Transformer' in name or 'LanguageModel' in name for name in modules)
 
 

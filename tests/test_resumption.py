@@ -71,7 +71,7 @@ def test_each_corruption_falls_back_to_the_newest_complete_checkpoint(two_rank_r
     damage, reason = CORRUPTIONS[case]
     damage(newest)
     size = os.path.getsize(f'{newest}/__1_0.distcp') if os.path.exists(f'{newest}/__1_0.distcp') else 0
-    lines = prepare_autoresume(folder)
+    lines = prepare_autoresume(folder, sharded=True)
     reason = reason.format(size=f'{size:,}', written=f'{written:,}')
     assert lines == [f'autoresume: skipped checkpoint ep0-ba10 ({reason}); moved it to ep0-ba10.broken, resuming from '
                      f'ep0-ba5']
@@ -109,8 +109,24 @@ def test_a_missing_latest_link_points_at_the_newest_checkpoint(two_rank_run, tmp
     """Composer removes the link, then re-creates it: a kill in between left none, and the run started over."""
     folder = copy_of(two_rank_run, tmp_path)
     os.remove(f'{folder}/{LATEST}')
-    assert prepare_autoresume(folder) == []
+    assert prepare_autoresume(folder, sharded=True) == []
     assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10'
+
+
+def test_a_sharded_checkpoint_is_converted_for_one_process_once_and_holds_the_same_tensors(two_rank_run, tmp_path):
+    """One process reads one file: the newest folder is converted beside it (kept), sealed; a later run of either
+    format finds its own, converting nothing again."""
+    from llmfoundry_ext.checkpoint import read_composer_model
+    folder = copy_of(two_rank_run, tmp_path)
+    assert prepare_autoresume(folder, sharded=False) == [
+        'autoresume: ep0-ba10 is sharded, this run reads one file: converted it to ep0-ba10-rank0.pt (kept ep0-ba10)']
+    assert os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10-rank0.pt' and problem(f'{folder}/ep0-ba10-rank0.pt') is None
+    assert os.path.isfile(f'{folder}/.ep0-ba10-rank0.pt{SEAL}')
+    whole, shards = read_composer_model(f'{folder}/ep0-ba10-rank0.pt'), read_composer_model(f'{folder}/ep0-ba10')
+    assert sorted(whole) == sorted(shards) and len(whole) == 21  # 2 blocks of 9, embeddings, norm, output
+    assert all(torch.equal(whole[name], shards[name]) for name in shards)
+    assert prepare_autoresume(folder, sharded=True) == [] and os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10'
+    assert prepare_autoresume(folder, sharded=False) == [] and os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10-rank0.pt'
 
 
 def test_with_no_complete_checkpoint_left_the_run_stops_and_moves_nothing(two_rank_run, tmp_path):
@@ -118,7 +134,7 @@ def test_with_no_complete_checkpoint_left_the_run_stops_and_moves_nothing(two_ra
     flip_a_byte(f'{folder}/ep0-ba10/.metadata')
     os.remove(f'{folder}/ep0-ba5/__0_0.distcp')
     with pytest.raises(TrainingStopped) as stopped:
-        prepare_autoresume(folder)
+        prepare_autoresume(folder, sharded=True)
     assert str(stopped.value) == (
         f'autoresume: no complete checkpoint in {folder} (ep0-ba10: .metadata differs from what was written (sha256); '
         f'ep0-ba5: __0_0.distcp is missing); move them out of the folder to start from scratch, or set '
@@ -133,9 +149,9 @@ def test_an_interrupted_first_checkpoint_is_moved_aside_and_the_run_starts_over(
     os.remove(f'{folder}/{LATEST}')
     os.remove(f'{folder}/ep0-ba5/.metadata')
     os.remove(f'{folder}/ep0-ba5/{SEAL}')
-    assert prepare_autoresume(folder) == ['autoresume: skipped checkpoint ep0-ba5 (no .metadata: its write was '
-                                          'interrupted); moved it to ep0-ba5.broken, starting from scratch (no '
-                                          'checkpoint was complete)']
+    assert prepare_autoresume(folder, sharded=True) == [
+        'autoresume: skipped checkpoint ep0-ba5 (no .metadata: its write was interrupted); moved it to ep0-ba5.broken, '
+        'starting from scratch (no checkpoint was complete)']
     assert not os.path.lexists(f'{folder}/{LATEST}')
 
 
@@ -154,8 +170,8 @@ class PoisonWeights(Callback):
 @pytest.mark.parametrize('event, message', [
     ('batch_start', 'non-finite training loss nan at batch 6: stopped before checkpointing it; the same command '
                     'resumes from the last checkpoint (lower the learning rate or check the data first)'),
-    ('batch_end', 'non-finite weights at batch 6: not writing checkpoint ep0-ba6; the same command resumes from the '
-                  'last checkpoint (lower the learning rate or check the data first)')])
+    ('batch_end', 'non-finite weights at batch 6: not writing checkpoint ep0-ba6-rank0.pt; the same command resumes '
+                  'from the last checkpoint (lower the learning rate or check the data first)')])
 def test_non_finite_loss_or_weights_stop_before_the_checkpoint(tiny_config, tmp_path, event, message, capsys):
     tiny_config.update(max_duration='8ba', loggers={})
     tiny_config['checkpoint']['save_interval'] = '2ba'
@@ -164,11 +180,12 @@ def test_non_finite_loss_or_weights_stop_before_the_checkpoint(tiny_config, tmp_
         train(prepare(path), extra_callbacks=[PoisonWeights(6, event)])
     assert str(stopped.value) == message
     folder = tmp_path / 'checkpoints' / 'tiny'
-    assert sorted(name for name in os.listdir(folder) if name.startswith('ep')) == ['ep0-ba2', 'ep0-ba4']
+    assert sorted(name for name in os.listdir(folder) if name.startswith('ep')) == ['ep0-ba2-rank0.pt',
+                                                                                     'ep0-ba4-rank0.pt']
     capsys.readouterr()
     assert main([path]) == 0
     assert 'autoresume: resuming from the latest checkpoint at batch 4' in capsys.readouterr().out
-    assert os.readlink(folder / LATEST) == 'ep0-ba8'
+    assert os.readlink(folder / LATEST) == 'ep0-ba8-rank0.pt'
 
 
 @contextlib.contextmanager
@@ -192,7 +209,8 @@ def disk_full_for(marker: str):
         FileSystem.create_stream = original
 
 
-def test_a_full_disk_while_checkpointing_is_one_line_and_the_rerun_resumes(tiny_config, tmp_path, capsys):
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_rerun_resumes(tiny_config, tmp_path, capsys,
+                                                                           fsdp_on_one_process):
     tiny_config.update(max_duration='8ba', loggers={})
     tiny_config['checkpoint']['save_interval'] = '2ba'
     path = write_yaml(tiny_config, tmp_path / 'run.yaml')

@@ -23,7 +23,7 @@ def repeated_patterns(count: int, window: int, vocab: int, period: int = 4) -> l
     return [np.tile(rng.integers(2, vocab, period, dtype=np.uint32), window // period) for _ in range(count)]
 
 
-def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path):
+def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path, fsdp_on_one_process):
     write_mds(str(tmp_path / 'patterns'), repeated_patterns(4000, 32, 512), {'source': 'test', 'window': 32})
     tiny_config['data']['train']['streams'] = {'patterns': {'local': str(tmp_path / 'patterns')}}
     tiny_config.update(precision='amp_bf16', max_duration='200ba', global_batch_size=32, scheduler=None,

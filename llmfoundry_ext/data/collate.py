@@ -13,20 +13,26 @@ import torch
 IGNORE = -100
 
 
-def stack_windows(samples: list[dict], max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids [B, S] from the samples' first ``max_seq_len`` tokens, and sample_ids [B]."""
+def stack_windows(samples: list[dict], max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids [B, S] from the samples' first ``max_seq_len`` tokens, the token after them [B] (IGNORE where a
+    sample has no more), and sample_ids [B]."""
     short = [len(s['tokens']) for s in samples if len(s['tokens']) < max_seq_len]
     if short:
         raise ValueError(f'a sample has {short[0]} tokens, fewer than max_seq_len {max_seq_len}: convert the data '
                          f'with --concat-tokens >= {max_seq_len} or lower max_seq_len')
     input_ids = torch.stack([s['tokens'][:max_seq_len] for s in samples])
-    return input_ids, torch.tensor([s['sample_id'] for s in samples], dtype=torch.int64)
+    following = torch.tensor([int(s['tokens'][max_seq_len]) if len(s['tokens']) > max_seq_len else IGNORE
+                              for s in samples], dtype=input_ids.dtype)
+    return input_ids, following, torch.tensor([s['sample_id'] for s in samples], dtype=torch.int64)
 
 
-def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
-    """labels[:, t] = input_ids[:, t + 1]; the last position has no label."""
+def next_token_labels(input_ids: torch.Tensor, following: torch.Tensor | None = None) -> torch.Tensor:
+    """labels[:, t] = input_ids[:, t + 1]; the last position's is ``following`` (each row's next token, as windows
+    of max_seq_len + 1 tokens give: every position labelled, as torchtitan's samples), else none."""
     labels = torch.full_like(input_ids, IGNORE)
     labels[:, :-1] = input_ids[:, 1:]
+    if following is not None:
+        labels[:, -1] = following
     return labels
 
 
@@ -59,7 +65,7 @@ class Collator:
     seed: int = 0
 
     def __call__(self, samples: list[dict]) -> dict:
-        input_ids, sample_ids = stack_windows(samples, self.max_seq_len)
+        input_ids, following, sample_ids = stack_windows(samples, self.max_seq_len)
         batch = {'sample_ids': sample_ids}
         if self.eos_id is not None:
             batch['position_ids'] = document_positions(input_ids, self.eos_id)
@@ -68,6 +74,6 @@ class Collator:
             batch['labels'] = torch.where(masked, input_ids, IGNORE)
             batch['input_ids'] = torch.where(masked, self.mask_token_id, input_ids)
         else:
-            batch['labels'] = next_token_labels(input_ids)
+            batch['labels'] = next_token_labels(input_ids, following)
             batch['input_ids'] = input_ids
         return batch

@@ -13,9 +13,11 @@ def windows(*rows):
 
 
 def test_causal_labels_are_the_next_tokens():
-    batch = Collator(max_seq_len=5)(windows([10, 11, 12, 13, 14, 15], [20, 21, 22, 23, 24, 25]))
+    """A window of max_seq_len + 1 tokens labels every position (torchtitan's samples); one of max_seq_len leaves
+    the last position without a label."""
+    batch = Collator(max_seq_len=5)(windows([10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24]))
     assert batch['input_ids'].tolist() == [[10, 11, 12, 13, 14], [20, 21, 22, 23, 24]]
-    assert batch['labels'].tolist() == [[11, 12, 13, 14, -100], [21, 22, 23, 24, -100]]
+    assert batch['labels'].tolist() == [[11, 12, 13, 14, 15], [21, 22, 23, 24, -100]]
     assert batch['sample_ids'].tolist() == [0, 1]
     assert 'position_ids' not in batch
 
