@@ -21,6 +21,7 @@ from llmfoundry_ext.model.attention import CONTEXT_PARALLEL_BACKENDS, choose_bac
 from llmfoundry_ext.model.fused import fused_kernels_problem
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import weight_fields
+from llmfoundry_ext.parallelism import sharded_checkpoints
 from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
 from llmfoundry_ext.weights import read_weights_config, safetensors_files
 
@@ -283,6 +284,13 @@ def check_checkpoint_paths(config: TrainConfig) -> None:
     if load_path and '://' not in load_path and not os.path.exists(load_path):
         raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
                           f'ep0-ba100-rank0.pt) or remove load_path')
+    sharded = sharded_checkpoints(config)
+    if load_path and '://' not in load_path and os.path.isdir(load_path) != sharded:
+        mode, out = ('torch_to_dcp', 'ep0-ba100') if sharded else ('dcp_to_torch', 'ep0-ba100-rank0.pt')
+        raise ConfigError(f'checkpoint.load_path: {load_path} is {"one file" if sharded else "a folder of shards"} '
+                          f'and this run reads {"shards (FSDP2)" if sharded else "one file (one process)"}; convert '
+                          f'it (python -m torch.distributed.checkpoint.format_utils {mode} {load_path} {out}) or put '
+                          f'the run in checkpoint.save_folder, whose autoresume converts it')
 
 
 def read_tokenizer_or_fail(path: str):

@@ -184,6 +184,11 @@ CASES = {
     'train: load_path missing': ('train', lambda w, t: [w['yaml'], f"checkpoint.load_path={w['root']}/ep0-ba9"],
                                  'config error: checkpoint.load_path: {root}/ep0-ba9 does not exist; give a checkpoint '
                                  '(ep0-ba100/ or ep0-ba100-rank0.pt) or remove load_path', 'run'),
+    'train: load_path of shards for one process': (
+        'train', lambda w, t: [w['yaml'], f"checkpoint.load_path={os.makedirs(f'{t}/ep0-ba9') or f'{t}/ep0-ba9'}"],
+        'config error: checkpoint.load_path: {tmp}/ep0-ba9 is a folder of shards and this run reads one file (one '
+        'process); convert it (python -m torch.distributed.checkpoint.format_utils dcp_to_torch {tmp}/ep0-ba9 '
+        'ep0-ba100-rank0.pt) or put the run in checkpoint.save_folder, whose autoresume converts it', 'run'),
     'train: misspelt callback': ('train', lambda w, t: [w['yaml'], 'callbacks.speed_monitr={}'],
                                  "config error: callbacks.speed_monitr: unknown callbacks name 'speed_monitr'; did "
                                  "you mean 'speed_monitor'?", 'run'),
