@@ -26,9 +26,10 @@
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
-#                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise) on
-#                                               each of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
-#                                               CORPUS_MB (40) of text;
+#                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
+#                                               liger eager titan-again) on each of SEEDS ("1 2"; hf on the first
+#                                               only); STEPS (500) steps; CORPUS_MB (40) of text; the rows nofsdp,
+#                                               compiled-loss and matched of the recorded runs equal ours since 25bbbba;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
 #   bash benchmarks/gpu.sh downstream [ARGS]    one GPU: scripts/bench_downstream.py (1B trained 200 batches on the
@@ -186,9 +187,7 @@ L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_emb
 declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
-                  [nofsdp]="ours-no-fsdp $L parallelism.fsdp=null"
-                  [compiled-loss]="ours-compiled-loss $L model.fused_kernels=[]" [eager]="ours-eager $L model.compile=false"
-                  [matched]="ours-matched $L parallelism.fsdp=null model.fused_kernels=[]"
+                  [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
                   [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
                   [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
 
