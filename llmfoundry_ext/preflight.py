@@ -277,15 +277,17 @@ def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
 
 
 def check_checkpoint_paths(config: TrainConfig) -> None:
-    """A save folder that can be written, and a load_path (a local one) that exists."""
+    """A save folder that can be written, and a load_path (a local one) that exists in the format the run reads."""
     folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
     if folder and (reason := unwritable_reason(folder)):
         raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
-    if load_path and '://' not in load_path and not os.path.exists(load_path):
+    if not load_path or '://' in load_path:
+        return
+    if not os.path.exists(load_path):
         raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
                           f'ep0-ba100-rank0.pt) or remove load_path')
     sharded = sharded_checkpoints(config)
-    if load_path and '://' not in load_path and os.path.isdir(load_path) != sharded:
+    if os.path.isdir(load_path) != sharded:
         mode, out = ('torch_to_dcp', 'ep0-ba100') if sharded else ('dcp_to_torch', 'ep0-ba100-rank0.pt')
         raise ConfigError(f'checkpoint.load_path: {load_path} is {"one file" if sharded else "a folder of shards"} '
                           f'and this run reads {"shards (FSDP2)" if sharded else "one file (one process)"}; convert '

@@ -21,6 +21,7 @@ import zipfile
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from composer.callbacks import CheckpointSaver
 from composer.utils import dist
 from composer.utils.checkpoint import get_save_filename
@@ -153,8 +154,6 @@ def convert(folder: str, name: str, sharded: bool) -> str:
     """Checkpoint ``name`` written into the other format beside it (``ep0-ba6-rank0.pt`` <-> ``ep0-ba6``), whole or
     not at all, and sealed; returns the new name. The file is memory-mapped, not read into memory, to write the
     folder; the folder's shards, each with its part of every tensor, are gathered whole into the file."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     source, base = os.path.join(folder, name), name.removesuffix('-rank0.pt')
     converted = base if sharded else f'{base}-rank0.pt'
     target = os.path.join(folder, converted)

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from llmfoundry_ext.cli import ArgumentParser, positive_int
+from llmfoundry_ext.config import world_size
 from llmfoundry_ext.downstream import HarnessModel, load_tasks, model_from_weights, require_harness, run_tasks
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 
@@ -47,7 +48,7 @@ def main(argv: list[str]) -> int:
         return 2
     on_gpu = args.device.startswith('cuda')
     device = torch.device(args.device)
-    if int(os.environ.get('WORLD_SIZE', '1')) > 1:
+    if world_size() > 1:
         device = join_launched_processes(on_gpu)
         shard_over_processes(model.to(device))
     harness = HarnessModel(model.to(device), tokenizer, max_length, args.batch_tokens, device,
