@@ -1,10 +1,14 @@
 """Composer's Trainer with each batch at its learning rate's scheduled value, and without host syncs per batch: the
-optimizer stepped after the backward instead of from inside a closure, the training loss logged as a device tensor,
-and the sample and token counts of one process kept on the host."""
+optimizer stepped after the backward instead of from inside a closure, the batch size that scales each micro-batch's
+loss counted on the host, the training loss logged as a device tensor, and the sample and token counts of one
+process kept on the host."""
 import datetime
 import warnings
+from typing import Sequence
 
 import composer
+import torch
+from composer.core import Batch, Event
 from composer.utils import dist
 
 
@@ -48,6 +52,33 @@ class Trainer(composer.Trainer):
                     scheduler.step()
         finally:
             self.state.timestamp = now
+
+    def _train_microbatches(self, microbatches: Sequence[Batch], total_loss_dict: dict[str, torch.Tensor],
+                            ddp_sync: bool = True) -> torch.Tensor:
+        """Composer's, less its host sync before the forward: it averages the batch's sample count over the ranks
+        on the GPU and reads it back (``.item()``) to scale each micro-batch's loss. Here every rank's batch holds
+        the same number of samples (streaming deals each rank an equal share, ``device_microbatch_size`` divides the
+        device batch), so that mean is this rank's own count. The run has no DDP, no automatic micro-batch size and
+        sample-based accumulation (Composer's default), the cases Composer's version also covers."""
+        assert not self.accumulate_train_batch_on_tokens and not self.state.auto_microbatching
+        self.engine.run_event(Event.BEFORE_TRAIN_BATCH)
+        use_grad_scaling = self._use_grad_scaling(self.state.precision, self.state.scaler)
+        for optimizer in self.state.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        batch_size = sum(self._train_data_spec.get_num_samples_in_batch(batch) for batch in microbatches)
+        whole_batch = self.state.batch
+        for index, microbatch in enumerate(microbatches):
+            self.state.batch = self._train_data_spec.microbatch_transforms(self.state.device.batch_to_device(microbatch))
+            losses = self._train_microbatch(use_grad_scaling, batch_size, index + 1 == len(microbatches))
+            for name, loss in losses.items():
+                key = f'loss/train/{name}'
+                total_loss_dict[key] = total_loss_dict[key] + loss if key in total_loss_dict else loss
+        self.state.batch = whole_batch
+        if use_grad_scaling:
+            for optimizer in self.state.optimizers:
+                self.state.scaler.unscale_(optimizer)
+        self.engine.run_event(Event.AFTER_TRAIN_BATCH)
+        return total_loss_dict['loss/train/total']
 
     def _use_closures(self) -> bool:
         """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the

@@ -75,9 +75,9 @@ def test_gpu_metrics_reach_tensorboard(tiny_config, tmp_path):
     assert any('gpu_percentage' in tag for tag in tags)
 
 
-def test_a_training_batch_syncs_the_host_only_for_composers_batch_size(tiny_config, tmp_path):
-    """The shipped callbacks, console line and TensorBoard: no read-back of the loss, the counts or the FLOPs;
-    what is left is Composer's batch size before the forward (its ``_train_microbatches``)."""
+def test_a_training_batch_never_makes_the_host_wait_for_the_gpu(tiny_config, tmp_path):
+    """The shipped callbacks, console line and TensorBoard: no read-back of the loss, the counts, the FLOPs or the
+    batch size (Composer's ``_train_microbatches`` read it back before the forward)."""
     from llmfoundry_ext.profiling import SyncReport
 
     tiny_config.update(precision='amp_bf16', max_duration='6ba', log_interval='10ba', callbacks={
@@ -89,5 +89,4 @@ def test_a_training_batch_syncs_the_host_only_for_composers_batch_size(tiny_conf
     syncs = SyncReport(batch=4)
     train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')), extra_callbacks=[syncs]).close()
     print(syncs.report())
-    assert [site.split(' ')[0] for site in syncs.sites] == ['_train_microbatches']
-    assert sum(syncs.sites.values()) == 1
+    assert dict(syncs.sites) == {}

@@ -37,6 +37,36 @@ def test_batch_k_trains_at_the_schedules_value_for_the_end_of_batch_k(tiny_confi
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 5e-4, 0.0], abs=1e-12)
 
 
+def test_micro_batches_of_a_batch_step_as_the_whole_batch(tiny_config, tmp_path, monkeypatch):
+    """The batch size that scales each micro-batch's loss is counted on the host: 3 batches of 8 in micro-batches
+    of 4 leave the weights of torch's SGD on the whole batches' mean loss (fp32; SGD's step is proportional to the
+    gradient, so a loss scaled wrong moves the weights by another amount)."""
+    microbatches = []
+    loss_of = LanguageModel.loss
+    monkeypatch.setattr(LanguageModel, 'loss', lambda self, outputs, batch: microbatches.append(
+        {key: value.clone() for key, value in batch.items()}) or loss_of(self, outputs, batch))
+    tiny_config.update(max_duration='3ba', device_microbatch_size=4, scheduler=None, callbacks={}, loggers={},
+                       checkpoint={'save_folder': None, 'autoresume': False},
+                       optimizer={'name': 'decoupled_sgdw', 'lr': 1.0})
+    run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    trainer = build_trainer(run)
+    initial = {name: p.detach().clone() for name, p in trainer.state.model.model.named_parameters()}
+    trainer.fit()
+    trainer.close()
+
+    model = run.config.model.family_entry().module(run.architecture, run.kernels)
+    model.load_state_dict(initial, strict=False)  # the RoPE table is a buffer of its own
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    for first, second in zip(microbatches[::2], microbatches[1::2]):
+        batch = {key: torch.cat([first[key], second[key]]) for key in ('input_ids', 'labels')}
+        token_mean_cross_entropy(model(batch['input_ids']), batch['labels']).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    trained = dict(trainer.state.model.model.named_parameters())
+    assert len(microbatches) == 6
+    assert [name for name, p in model.named_parameters()
+            if not torch.allclose(p, trained[name], rtol=0, atol=1e-6)] == []
+
 
 def test_a_run_steps_as_a_plain_torch_loop_that_clips_then_steps_fused_adamw(tiny_config, tmp_path, monkeypatch,
                                                                              launched_alone):
