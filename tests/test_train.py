@@ -10,7 +10,7 @@ import torch
 from llmfoundry_ext.build import build_collator
 from llmfoundry_ext.config import load
 from llmfoundry_ext.preflight import prepare
-from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train
+from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train, use_expandable_segments
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 
@@ -23,6 +23,17 @@ def test_resume_warns_when_the_data_order_settings_changed(tiny_config, tmp_path
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith('warning:')]
     assert warnings == ['warning: data.train.shuffle_seed changed since the checkpointed run (3 -> 4): the sample '
                         'order will not continue exactly where it stopped']
+
+
+@pytest.mark.parametrize('users', [{}, {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:512'}])
+def test_the_allocator_grows_its_segments_unless_the_user_set_it_up(users, monkeypatch):
+    for name in ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_HIP_ALLOC_CONF'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in users.items():
+        monkeypatch.setenv(name, value)
+    use_expandable_segments()
+    settings = {name: os.environ[name] for name in os.environ if name.endswith('ALLOC_CONF')}
+    assert settings == (users or {'PYTORCH_ALLOC_CONF': 'expandable_segments:True'})
 
 
 def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):
