@@ -48,7 +48,6 @@ def train(run: Run, extra_callbacks: list = (), model=None):
 
     ``model``: a ComposerModel to train instead of the config's (the benchmark's HF baseline). A job over several
     nodes is watched (``node_watch``): when a node dies, the others stop with one line naming it."""
-    use_expandable_segments()
     device = get_device(None)
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
     watch = start_node_watch(run.config.node_timeout_s)
@@ -63,18 +62,6 @@ def train(run: Run, extra_callbacks: list = (), model=None):
     finally:
         if watch:
             watch.close()
-
-
-ALLOCATOR_SETTINGS = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_HIP_ALLOC_CONF')
-
-
-def use_expandable_segments() -> None:
-    """PyTorch's allocator in growable segments (``expandable_segments``, as torchtitan's launcher sets it) unless
-    the user gave allocator settings of their own; read when the process first uses the GPU. Without it llama1b.yaml
-    on one H100 ran out of memory at its second micro-batch with 6.9 GiB cached in blocks too small for the 7.8 GiB
-    of logits; tokens/s is the same (README, Performance)."""
-    if not any(name in os.environ for name in ALLOCATOR_SETTINGS):
-        os.environ['PYTORCH_ALLOC_CONF'] = 'expandable_segments:True'
 
 
 def build_and_fit(run: Run, device, extra_callbacks: list, model):

@@ -3,6 +3,7 @@ launch (kill -9 and autoresume: tests/test_chaos.py)."""
 import math
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +11,8 @@ import torch
 from llmfoundry_ext.build import build_collator
 from llmfoundry_ext.config import load
 from llmfoundry_ext.preflight import prepare
-from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train, use_expandable_segments
+from llmfoundry_ext import use_expandable_segments
+from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train
 from tests.conftest import COMPOSER, REPO, write_yaml
 
 
@@ -34,6 +36,25 @@ def test_the_allocator_grows_its_segments_unless_the_user_set_it_up(users, monke
     use_expandable_segments()
     settings = {name: os.environ[name] for name in os.environ if name.endswith('ALLOC_CONF')}
     assert settings == (users or {'PYTORCH_ALLOC_CONF': 'expandable_segments:True'})
+
+
+def test_the_allocator_is_set_up_before_torch_is_imported():
+    """PyTorch reads its allocator settings when imported: importing the trainer (as ``train.py`` does) sets them
+    before the first import of torch."""
+    script = """
+import builtins, os, sys
+real_import, seen = builtins.__import__, []
+def spy(name, *args, **kwargs):
+    if name == 'torch' and 'torch' not in sys.modules:
+        seen.append(os.environ.get('PYTORCH_ALLOC_CONF'))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+import llmfoundry_ext.train
+print(seen)
+"""
+    env = {name: value for name, value in os.environ.items() if not name.endswith('ALLOC_CONF')}
+    out = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['expandable_segments:True']"
 
 
 def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):

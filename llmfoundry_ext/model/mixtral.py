@@ -60,17 +60,25 @@ class GroupedExperts(nn.Module):
         order = experts.flatten().argsort(stable=True)           # the T*k routed copies, grouped by expert
         token_of = order // top_k
         offsets = counts.cumsum(0).to(torch.int32)                # each expert's group ends here
-        routed = tokens[token_of]
-        gate = F.grouped_mm(routed, self.w1.transpose(-2, -1), offs=offsets)
-        up = F.grouped_mm(routed, self.w3.transpose(-2, -1), offs=offsets)
+        dtype = gemm_dtype(tokens)
+        routed = tokens[token_of].to(dtype)
+        gate = F.grouped_mm(routed, self.w1.to(dtype).transpose(-2, -1), offs=offsets)
+        up = F.grouped_mm(routed, self.w3.to(dtype).transpose(-2, -1), offs=offsets)
         hidden = fused.swiglu(gate, up) if self.fused_swiglu else F.silu(gate) * up
-        out = F.grouped_mm(hidden, self.w2.transpose(-2, -1), offs=offsets)
+        out = F.grouped_mm(hidden, self.w2.to(dtype).transpose(-2, -1), offs=offsets)
         out = out * weights.flatten()[order].unsqueeze(-1)
         return torch.zeros_like(tokens).index_add_(0, token_of, out)
 
     def init_weights(self):
         for name, std in self.init_stds.items():
             nn.init.trunc_normal_(getattr(self, name), std=std)
+
+
+def gemm_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype autocast gives a GEMM on ``tensor``'s device (bf16 under amp_bf16), else ``tensor``'s own: autocast
+    has no rule for grouped GEMMs, and one process trains fp32 parameters under autocast (FSDP2's are bf16)."""
+    device = tensor.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else tensor.dtype
 
 
 def times_chosen(experts: torch.Tensor, n_experts: int) -> torch.Tensor:

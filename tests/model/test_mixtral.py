@@ -75,6 +75,22 @@ def test_grouped_experts_equal_the_loop_in_fp32():
         torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
 
 
+def test_grouped_experts_run_fp32_weights_in_autocasts_dtype(monkeypatch):
+    """One process keeps fp32 weights under autocast, which has no rule for grouped GEMMs (CUDA's takes bf16
+    only): each grouped GEMM gets bf16 operands under a bf16 autocast, fp32 ones without."""
+    seen = []
+    grouped_mm = F.grouped_mm
+    monkeypatch.setattr(F, 'grouped_mm', lambda a, b, offs: seen.append((a.dtype, b.dtype)) or grouped_mm(a, b, offs=offs))
+    experts = GroupedExperts(PRESETS['debug'], KernelConfig(), layer_id=0)
+    experts.init_weights()
+    tokens, chosen = torch.randn(16, 256), torch.randint(0, 8, (16, 2))
+    weights = torch.rand(16, 2)
+    with torch.autocast('cpu', torch.bfloat16):
+        experts(tokens, chosen, weights, times_chosen(chosen, 8))
+    experts(tokens, chosen, weights, times_chosen(chosen, 8))
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * 3 + [(torch.float32, torch.float32)] * 3
+
+
 def test_load_balancing_loss_is_top_k_when_balanced_and_grows_with_imbalance():
     """2 layers, 4 experts, 10 tokens, top 2: every expert chosen 5 times at probability 1/4 gives 2 (= k);
     all tokens on two experts whose probability is 1/2 each gives 4."""
