@@ -98,7 +98,7 @@ hsdp() {  # the 1B on the GPUs present, the same 20 batches (2 samples a GPU) fr
   # a GPU (replicate_degree=GPUS) stopped after 10 batches with a checkpoint and resumed; losses and tokens/s a batch
   local data=/tmp/shipped/data root=/tmp/hsdp run
   [ -d $data ] || data_root $data
-  python3 -c "from llmfoundry_ext.learning import write_shared_init as w; \
+  python3 -c "from llmfoundry_ext.bench.learning import write_shared_init as w; \
 w('yamls/llama1b.yaml', 17, '$root/init', ['variables.data_root=$data'])" || return 1
   local common=(composer train.py yamls/llama1b.yaml "variables.data_root=$data" "global_batch_size=$((2 * GPUS))"
     device_microbatch_size=2 max_duration=20ba log_interval=1ba eval_interval=20ba eval_subset_num_batches=2

@@ -351,6 +351,35 @@ def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch
     return model, harness_tokenizer(tokenizer), config.max_seq_len
 
 
+def join_launched_processes(on_gpu: bool) -> torch.device:
+    """The launcher's process group (NCCL on GPUs, gloo on the CPU); this process's device."""
+    dist.init_process_group('nccl' if on_gpu else 'gloo')
+    if not on_gpu:
+        return torch.device('cpu')
+    torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
+    return torch.device('cuda', torch.cuda.current_device())
+
+
+def shard_over_processes(model: torch.nn.Module) -> None:
+    """FSDP2 over the process group, each block a unit and the rest the root's, as training shards it."""
+    from torch.distributed.fsdp import fully_shard
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+
+
+def report_results(results: dict, json_path: str | None) -> None:
+    """The harness's table on stdout; with ``json_path`` its results and each sample's log-likelihoods there."""
+    from lm_eval.utils import make_table
+    print(make_table(results))
+    if dist.is_initialized():
+        print(f'scored by {dist.get_world_size()} processes, each its share of the documents')
+    if json_path:
+        with open(json_path, 'w') as file:
+            json.dump({key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, file,
+                      indent=1, default=str)
+
+
 def harness_tokenizer(folder: str | None):
     """transformers' tokenizer of a tokenizer folder, as the harness's HF backend reads one; it must name its EOS."""
     if folder is None or not os.path.isfile(os.path.join(folder, 'tokenizer_config.json')):

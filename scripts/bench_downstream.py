@@ -14,29 +14,18 @@ task at each --hf-batch-sizes. Prints each evaluation's seconds, the metrics, ho
 differ, and what an evaluation adds to 1,000 batches of training.
 """
 import argparse
-import json
 import os
 import random
-import re
 import site
 import statistics
-import subprocess
 import sys
-import time
 
 from data_prep.demo_corpus import next_line_questions, write_choice_task, write_tokenizer_config
-from llmfoundry_ext.benchmark import Row
-from llmfoundry_ext.learning import REPO, Hyper, our_run_yaml, prepare_data, source_pieces
-from llmfoundry_ext.downstream import (HarnessModel, harness_tokenizer, load_tasks, metrics_of, model_from_weights,
-                                       run_tasks)
+from llmfoundry_ext.bench.downstream import TASK, run
+from llmfoundry_ext.bench.learning import prepare_data, source_pieces
+from llmfoundry_ext.downstream import harness_tokenizer
 
-TASK = 'hellaswag_like'
 MAX_CHARS = 400  # a question's context and longest choice (code has lines of data thousands long)
-GLOBAL_BATCH = 2  # torchtitan's 1B flavor at local batch 2, as the learning benchmark trains it (gpu.sh: L)
-ROW = Row('ours', 'yamls/llama1b.yaml', [f'global_batch_size={GLOBAL_BATCH}', f'device_microbatch_size={GLOBAL_BATCH}',
-                                         'model.tie_embeddings=false', 'model.rope_scaling_factor=8'])
-EVALUATION_LINE = re.compile(r'^downstream at batch (\d+) .*\(([\d.]+) s\)$', re.M)
-BATCH_LINE = re.compile(r'^batch (\d+)/\d+ .*?([\d,]+) tokens/s/GPU', re.M)
 
 
 def write_task(work: str, data: dict, roots: list[str], questions: int) -> dict:
@@ -56,111 +45,6 @@ def write_task(work: str, data: dict, roots: list[str], questions: int) -> dict:
             'context_tokens': statistics.fmean(length(q['context']) for q in made),
             'ending_tokens': statistics.fmean(length(choice) for q in made for choice in q['choices']),
             'longest_tokens': max(length(q['context']) + length(choice) for q in made for choice in q['choices'])}
-
-
-def run_yaml(args, data: dict, task: dict, folder: str) -> str:
-    """The learning benchmark's run YAML with the task scored every ``--interval`` batches and the last batch's
-    checkpoint saved; returns its path."""
-    from omegaconf import OmegaConf
-    row = Row(ROW.name, ROW.source, ROW.overrides + args.overrides)
-    path = our_run_yaml(row, folder, data, Hyper(steps=args.batches), seed=1)
-    raw = OmegaConf.load(path)
-    raw.checkpoint = {'save_folder': os.path.join(folder, 'checkpoints'), 'save_interval': f'{args.batches}ba',
-                      'autoresume': False}
-    raw.downstream = {'tasks': [TASK], 'include': [task['yaml']], 'interval': f'{args.interval}ba',
-                      'batch_tokens': args.batch_tokens}
-    OmegaConf.save(raw, path)
-    return path
-
-
-def train(yaml: str, log_path: str) -> dict:
-    """``composer train.py`` on the YAML; each in-loop evaluation's (batch, seconds) and the last logged tokens/s."""
-    command = [sys.executable, '-m', 'composer.cli.launcher', '-n', '1', os.path.join(REPO, 'train.py'), yaml]
-    print('--- ours:', ' '.join(command[3:]), flush=True)
-    with open(log_path, 'w') as log:
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
-    text = open(log_path).read()
-    if code != 0:
-        raise RuntimeError(f'training exited {code}; see {log_path}:\n' + '\n'.join(text.splitlines()[-15:]))
-    return {'evaluations': [(int(batch), float(seconds)) for batch, seconds in EVALUATION_LINE.findall(text)],
-            'tokens_per_second': float(BATCH_LINE.findall(text)[-1][1].replace(',', ''))}
-
-
-def export(checkpoints: str, out: str) -> None:
-    command = [sys.executable, os.path.join(REPO, 'scripts', 'convert_checkpoint.py'), 'to-hf', checkpoints, out]
-    subprocess.run(command, check=True, cwd=REPO)
-
-
-def hf_evaluate(export_folder: str, task: dict, batch_size: str, device: str) -> dict:
-    """The harness's HF backend on the export (bf16 on a GPU), timed from ``simple_evaluate``'s start, as ours is
-    from the callback's."""
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
-    import torch
-    model = HFLM(pretrained=export_folder, dtype='bfloat16' if device.startswith('cuda') else 'float32',
-                 batch_size=batch_size, device=device)
-    manager = TaskManager(include_path=os.path.dirname(task['yaml']))
-    started = time.perf_counter()
-    results = simple_evaluate(model=model, tasks=[TASK], task_manager=manager, log_samples=True, random_seed=None,
-                              numpy_random_seed=None, torch_random_seed=None, bootstrap_iters=0)
-    seconds = time.perf_counter() - started
-    del model
-    torch.cuda.empty_cache()
-    return {'batch_size': batch_size, 'seconds': seconds, 'metrics': metrics_of(results),
-            'loglikelihoods': loglikelihoods(results)}
-
-
-def profile_ours(checkpoints: str, task: dict, args, out: str) -> None:
-    """Where an evaluation's seconds go: ours out of the loop (scripts/evaluate.py's path) timed twice, the second
-    under cProfile, and the harness alone (every request scored 0) timed: written to ``out``."""
-    import cProfile
-    import io
-    import pstats
-    import torch
-
-    class Unscored(HarnessModel):
-        def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
-            return [(0.0, False)] * len(requests)
-
-    tasks, _ = load_tasks([TASK], [task['yaml']])
-    model, tokenizer, max_length = model_from_weights(checkpoints)
-    harness = HarnessModel(model.to(args.device), tokenizer, max_length, args.batch_tokens, args.device,
-                           torch.bfloat16 if args.device.startswith('cuda') else None)
-    lines = []
-    for attempt in range(2):
-        profiler = cProfile.Profile() if attempt else None
-        started = time.perf_counter()
-        if profiler:
-            profiler.enable()
-        run_tasks(harness, tasks)  # its results are on the CPU: no GPU work is left
-        if profiler:
-            profiler.disable()
-        lines.append(f'ours out of the loop, evaluation {attempt + 1}: {time.perf_counter() - started:.2f} s')
-    started = time.perf_counter()
-    run_tasks(Unscored(None, tokenizer, max_length), tasks)
-    lines.append(f'the harness alone (requests scored 0): {time.perf_counter() - started:.2f} s')
-    for order in ('tottime', 'cumulative'):
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
-        lines.append(text.getvalue())
-    with open(out, 'w') as file:
-        file.write('\n'.join(lines))
-    print('\n'.join(lines[:3]))
-
-
-def loglikelihoods(results: dict) -> dict[int, list[float]]:
-    """Each question's (doc_id's) choices' log-likelihoods, from the harness's logged samples."""
-    return {sample['doc_id']: [response[0] for response in sample['filtered_resps']]
-            for sample in results['samples'][TASK]}
-
-
-def differences(ours: dict[int, list[float]], theirs: dict[int, list[float]]) -> dict:
-    """Largest and mean |ours - theirs| over every choice, and the questions whose best choice differs."""
-    gaps = [abs(a - b) for doc in theirs for a, b in zip(ours[doc], theirs[doc])]
-    best = lambda scores: max(range(len(scores)), key=scores.__getitem__)
-    picks = sum(best(ours[doc]) != best(theirs[doc]) for doc in theirs)
-    return {'max_abs': max(gaps), 'mean_abs': statistics.fmean(gaps), 'questions_picked_differently': picks}
 
 
 def main(argv: list[str]) -> int:
@@ -184,58 +68,7 @@ def main(argv: list[str]) -> int:
     task = write_task(args.work, data, args.roots, args.questions)
     print(f"task: {task['questions']} questions, context {task['context_tokens']:.1f} tokens, choices "
           f"{task['ending_tokens']:.1f} tokens (means), longest request {task['longest_tokens']}", flush=True)
-    folder = os.path.join(args.work, 'run')
-    os.makedirs(folder, exist_ok=True)
-    ours = train(run_yaml(args, data, task, folder), os.path.join(folder, 'train.log'))
-    with open(os.path.join(folder, 'checkpoints', 'downstream', f'ba{args.batches}.json')) as file:
-        last = json.load(file)
-    ours.update(metrics=metrics_of(last), loglikelihoods=loglikelihoods(last))
-    export(os.path.join(folder, 'checkpoints'), os.path.join(args.work, 'export'))
-    hf_runs = [hf_evaluate(os.path.join(args.work, 'export'), task, size, args.device) for size in args.hf_batch_sizes]
-    if args.profile:
-        profile_ours(os.path.join(folder, 'checkpoints'), task, args, args.profile)
-    report = summarize(args, data, task, ours, hf_runs)
-    print_report(report)
-    if args.json:
-        with open(args.json, 'w') as file:
-            json.dump(report, file, indent=1)
-    return 0
-
-
-def summarize(args, data: dict, task: dict, ours: dict, hf_runs: list[dict]) -> dict:
-    """The report: each evaluation's seconds, the metrics, the differences, the speed-ups over the steady in-loop
-    evaluation (the last: the first compiles the blocks for scoring) and its share of 1,000 batches."""
-    import torch
-    steady = ours['evaluations'][-1][1]
-    batch_seconds = GLOBAL_BATCH * data['window'] / ours['tokens_per_second']
-    return {'device': torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu',
-            'torch': torch.__version__, 'task': task, 'batches': args.batches, 'interval': args.interval,
-            'ours': {'evaluations': ours['evaluations'], 'metrics': ours['metrics'], 'batch_tokens': args.batch_tokens,
-                     'tokens_per_second': ours['tokens_per_second'],
-                     'share_of_1000_batches': steady / (steady + 1000 * batch_seconds)},
-            'hf': [{key: run[key] for key in ('batch_size', 'seconds', 'metrics')}
-                   | {'ours_speedup': run['seconds'] / steady,
-                      'loglikelihood_differences': differences(ours['loglikelihoods'], run['loglikelihoods'])}
-                   for run in hf_runs]}
-
-
-def print_report(report: dict) -> None:
-    ours = report['ours']
-    print(f"{report['device']}, torch {report['torch']}: {report['task']['questions']} questions")
-    print(f"{'row':<22}{'seconds':>9}{'acc':>8}{'acc_norm':>10}{'ours faster':>13}{'|dLL| max/mean':>17}"
-          f"{'picks differ':>14}")
-    metric = lambda metrics, name: metrics[f'metrics/downstream/{TASK}/{name}']
-    for batch, seconds in ours['evaluations']:
-        print(f"{f'ours in-loop ba{batch}':<22}{seconds:>9.2f}" + (
-            f"{metric(ours['metrics'], 'acc'):>8.4f}{metric(ours['metrics'], 'acc_norm'):>10.4f}"
-            if batch == report['batches'] else ''))
-    for run in report['hf']:
-        d = run['loglikelihood_differences']
-        print(f"{'hf batch ' + run['batch_size']:<22}{run['seconds']:>9.2f}{metric(run['metrics'], 'acc'):>8.4f}"
-              f"{metric(run['metrics'], 'acc_norm'):>10.4f}{run['ours_speedup']:>12.2f}x"
-              f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
-    print(f"an evaluation every 1,000 batches: {100 * ours['share_of_1000_batches']:.2f} % of the run "
-          f"(training at {ours['tokens_per_second']:,.0f} tokens/s)")
+    return run(args, data, task)
 
 
 if __name__ == '__main__':

@@ -17,8 +17,8 @@ import sys
 import site
 import tempfile
 
-from llmfoundry_ext.benchmark import Row
-from llmfoundry_ext.learning import Hyper, Plan, merge_reports, prepare_data, print_report, run
+from llmfoundry_ext.bench.benchmark import Row
+from llmfoundry_ext.bench.learning import Hyper, Plan, merge_reports, prepare_data, print_report, run
 
 
 def main(argv: list[str]) -> int:

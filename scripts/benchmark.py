@@ -21,8 +21,8 @@ import os
 import sys
 import tempfile
 
-from llmfoundry_ext.benchmark import (Row, comparisons, format_comparisons, format_table, measure, prepare,
-                                     run_row)
+from llmfoundry_ext.bench.benchmark import (Row, comparisons, format_comparisons, format_table, measure, prepare,
+                                            run_row)
 
 
 def main(argv: list[str]) -> int:

@@ -7,7 +7,7 @@ import argparse
 import sys
 import tempfile
 
-from llmfoundry_ext.chaos import HEADER, run, write_json
+from llmfoundry_ext.bench.chaos import HEADER, run, write_json
 
 
 def main(argv: list[str]) -> int:

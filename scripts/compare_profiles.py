@@ -6,7 +6,7 @@ Each trace is a torch.profiler Chrome trace whose profiled steps are ProfilerSte
 scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json).
 --kernels N also lists each trace's N kernels with the most time per step, --gaps N its N longest idle stretches
 (the GPU waiting on the host: a sync, a slow launch) with the kernels either side. --timelines DIR writes each
-trace's GPU work alone to DIR/NAME.timeline.json.gz (kernel, stream, start, duration: llmfoundry_ext.profiling.
+trace's GPU work alone to DIR/NAME.timeline.json.gz (kernel, stream, start, duration: llmfoundry_ext.bench.profiling.
 write_timeline), small enough to bring back from a GPU machine and line up ranks' kernels.
 """
 import argparse
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from llmfoundry_ext.profiling import compare_traces, format_comparison, read_trace, top_kernels, write_timeline
+from llmfoundry_ext.bench.profiling import compare_traces, format_comparison, read_trace, top_kernels, write_timeline
 
 
 def main(argv: list[str]) -> int:

@@ -12,16 +12,14 @@ disk, e.g. dataset_path: json with data_files). Under a launcher (WORLD_SIZE > 1
 the model is sharded over them with FSDP2 (a unit a block) and each scores its share of every task's documents.
 Prints the harness's table; --json writes its results and each sample's log-likelihoods.
 """
-import json
-import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 from llmfoundry_ext.cli import ArgumentParser, positive_int
 from llmfoundry_ext.config import world_size
-from llmfoundry_ext.downstream import HarnessModel, load_tasks, model_from_weights, require_harness, run_tasks
+from llmfoundry_ext.downstream import (HarnessModel, join_launched_processes, load_tasks, model_from_weights,
+                                       report_results, require_harness, run_tasks, shard_over_processes)
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 
 
@@ -55,34 +53,9 @@ def main(argv: list[str]) -> int:
                            getattr(torch, args.dtype) if on_gpu and args.dtype != 'float32' else None)
     limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
     results = run_tasks(harness, tasks, limit, args.num_fewshot)
-    if results is None:  # not rank 0: the harness gathered the results there
-        return 0
-    from lm_eval.utils import make_table
-    print(make_table(results))
-    if dist.is_initialized():
-        print(f'scored by {dist.get_world_size()} processes, each its share of the documents')
-    if args.json:
-        with open(args.json, 'w') as file:
-            json.dump({key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, file,
-                      indent=1, default=str)
+    if results is not None:  # rank 0: the harness gathered the results there
+        report_results(results, args.json)
     return 0
-
-
-def join_launched_processes(on_gpu: bool) -> torch.device:
-    """The launcher's process group (NCCL on GPUs, gloo on the CPU); this process's device."""
-    dist.init_process_group('nccl' if on_gpu else 'gloo')
-    if not on_gpu:
-        return torch.device('cpu')
-    torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
-    return torch.device('cuda', torch.cuda.current_device())
-
-
-def shard_over_processes(model: torch.nn.Module) -> None:
-    """FSDP2 over the process group, each block a unit and the rest the root's, as training shards it."""
-    from torch.distributed.fsdp import fully_shard
-    for block in model.layers:
-        fully_shard(block)
-    fully_shard(model)
 
 
 if __name__ == '__main__':

@@ -10,7 +10,7 @@ around the --index-th kernel whose name contains --around in the first one, on t
 import argparse
 import sys
 
-from llmfoundry_ext.profiling import collective_stats, interleave, read_timeline
+from llmfoundry_ext.bench.profiling import collective_stats, interleave, read_timeline
 
 
 def main(argv: list[str]) -> int:

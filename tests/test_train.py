@@ -1,5 +1,6 @@
 """Training end to end: order-change warnings, eval, Mixtral's logged loss parts, masked LM, the parallel layout of a
-launch (kill -9 and autoresume: tests/test_chaos.py)."""
+launch (kill -9 and autoresume: tests/bench/test_chaos.py)."""
+import json
 import math
 import os
 import subprocess
@@ -55,6 +56,17 @@ print(seen)
     env = {name: value for name, value in os.environ.items() if not name.endswith('ALLOC_CONF')}
     out = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "['expandable_segments:True']"
+
+
+def test_a_training_run_imports_none_of_the_tools():
+    """What ``train.py`` imports holds no module of ``llmfoundry_ext.bench`` (the benchmarks, profiler, chaos trials,
+    demo) and nothing of data_prep."""
+    script = ('import json, sys, llmfoundry_ext.train; '
+              'print(json.dumps(sorted(m for m in sys.modules if m.startswith(("llmfoundry_ext", "data_prep")))))')
+    out = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout)
+    assert len(loaded) > 30 and 'llmfoundry_ext.trainer' in loaded
+    assert [name for name in loaded if name.startswith(('llmfoundry_ext.bench', 'data_prep'))] == []
 
 
 def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):

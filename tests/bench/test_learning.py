@@ -6,10 +6,10 @@ import os
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from llmfoundry_ext import benchmark, learning
-from llmfoundry_ext.benchmark import Row
-from llmfoundry_ext.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, torchtitan_row, verdict,
-                                     window_means, write_corpus)
+from llmfoundry_ext.bench import benchmark, learning
+from llmfoundry_ext.bench.benchmark import Row
+from llmfoundry_ext.bench.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, verdict,
+                                           window_means, write_corpus)
 
 SOURCE = 'def add(a, b):\n    """Add two numbers."""\n    return a + b\n\n'
 

@@ -30,10 +30,11 @@ from composer.models import ComposerModel
 from composer.utils import dist
 
 from llmfoundry_ext import preflight
+from llmfoundry_ext.bench import REPO
+from llmfoundry_ext.bench.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.weights import family_of
-from llmfoundry_ext.synthetic import synthetic_run_yaml
 from llmfoundry_ext.train import train
 
 SOURCES = {'hf:': 'hf', 'hf-loop:': 'hf-loop', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; none: ours
@@ -206,7 +207,7 @@ def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: s
 
 
 # bash ../shared/anchors/prepare.sh puts torchtitan and its script into the checkout's .anchors/
-TORCHTITAN_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), '.anchors', 'run.sh')
+TORCHTITAN_SCRIPT = os.path.join(REPO, '.anchors', 'run.sh')
 
 
 def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) -> dict:

@@ -28,14 +28,14 @@ import torch
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.benchmark import Row, run_row
+from llmfoundry_ext.bench import REPO
+from llmfoundry_ext.bench.benchmark import Row, run_row
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.weights import save_hf
 
 PIECE_CHARS = 2000
 BOS, EOS = '<|begin_of_text|>', '<|end_of_text|>'
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHTITAN_TOKENIZER = os.path.join(REPO, '.anchors', 'torchtitan', 'tests', 'assets', 'tokenizer', 'tokenizer.json')
 
 

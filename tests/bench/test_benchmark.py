@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from llmfoundry_ext import benchmark
-from llmfoundry_ext.benchmark import Row, comparisons, format_comparisons, format_table
+from llmfoundry_ext.bench import benchmark
+from llmfoundry_ext.bench.benchmark import Row, comparisons, format_comparisons, format_table
 from tests.conftest import REPO
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from llmfoundry_ext.bench import REPO
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.data.mds import write_mds
 
@@ -86,11 +87,10 @@ class Runner:
         os.makedirs(hooks, exist_ok=True)
         with open(os.path.join(hooks, 'sitecustomize.py'), 'w') as file:
             file.write(SLOW_WRITES)
-        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        self.repo = repo
+        self.repo = REPO
         self.write_delay = write_delay
         self.env = {**os.environ, 'OMP_NUM_THREADS': '1',
-                    'PYTHONPATH': os.pathsep.join([hooks, repo, os.environ.get('PYTHONPATH', '')])}
+                    'PYTHONPATH': os.pathsep.join([hooks, REPO, os.environ.get('PYTHONPATH', '')])}
         launcher = os.path.join(os.path.dirname(sys.executable), 'composer')
         self.composer = launcher if os.path.exists(launcher) else 'composer'
 

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from llmfoundry_ext.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace, top_kernels,
-                                     write_timeline)
+from llmfoundry_ext.bench.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace,
+                                            top_kernels, write_timeline)
 from tests.conftest import COMPOSER, REPO
 
 
