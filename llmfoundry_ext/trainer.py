@@ -58,8 +58,9 @@ class Trainer(composer.Trainer):
         """Composer's, less its host sync before the forward: it averages the batch's sample count over the ranks
         on the GPU and reads it back (``.item()``) to scale each micro-batch's loss. Here every rank's batch holds
         the same number of samples (streaming deals each rank an equal share, ``device_microbatch_size`` divides the
-        device batch), so that mean is this rank's own count. The run has no DDP, no automatic micro-batch size and
-        sample-based accumulation (Composer's default), the cases Composer's version also covers."""
+        device batch), so that mean is this rank's own count. What else Composer's covers is not used here: token-based
+        accumulation and automatic micro-batch sizes (asserted), and ``ddp_sync=False``, which only its closures
+        pass (DDP's sync on the last micro-batch is ``_train_microbatch``'s, kept)."""
         assert not self.accumulate_train_batch_on_tokens and not self.state.auto_microbatching
         self.engine.run_event(Event.BEFORE_TRAIN_BATCH)
         use_grad_scaling = self._use_grad_scaling(self.state.precision, self.state.scaler)
