@@ -3,12 +3,14 @@ tokenizer, and MDS shards per domain with held-out documents.
 
 code: the source files; prose: their docstrings; math: generated arithmetic. Deterministic. Beside them, the demo's
 downstream task (``write_demo_task``): a held-out code line's next line among four, as an lm-evaluation-harness task
-over local JSON.
+over local JSON; and the downstream benchmark's task over the learning benchmark's held-out source
+(``write_held_out_task``).
 """
 import ast
 import json
 import os
 import random
+import statistics
 import sysconfig
 import time
 from collections.abc import Iterator
@@ -138,6 +140,30 @@ def write_tokenizer_config(folder: str) -> None:
     folder by."""
     with open(os.path.join(folder, 'tokenizer_config.json'), 'w') as file:
         json.dump({'tokenizer_class': 'PreTrainedTokenizerFast', 'bos_token': BOS, 'eos_token': EOS}, file)
+
+
+def write_held_out_task(work: str, data: dict, roots: list[str], questions: int, name: str,
+                        max_chars: int = 400) -> dict:
+    """The downstream benchmark's task (``scripts/bench_downstream.py``): next-line questions over the source pieces
+    the learning benchmark's corpus (``data``, made of ``roots``) left out, of at most ``max_chars`` (code has lines
+    of data thousands long) and whose every choice adds tokens to the context as the harness splits them (its HF
+    backend asserts on an empty continuation), as ``<work>/tasks/<name>.yaml``; the tokenizer's
+    ``tokenizer_config.json`` beside it. Returns the YAML's path and the questions' lengths in tokens."""
+    from llmfoundry_ext.bench.learning import held_out_pieces
+    from llmfoundry_ext.downstream import harness_tokenizer
+
+    write_tokenizer_config(data['tokenizer'])
+    tokenizer = harness_tokenizer(data['tokenizer'])
+    length = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+    candidates = next_line_questions(held_out_pieces(roots, data['documents']), 2 * questions, context_lines=2,
+                                     ending_lines=1)
+    made = [q for q in candidates if len(q['context']) + max(map(len, q['choices'])) <= max_chars
+            and all(length(q['context'] + ' ' + choice) > length(q['context'].rstrip()) for choice in q['choices'])
+            ][:questions]
+    return {'yaml': write_choice_task(os.path.join(work, 'tasks'), name, made), 'questions': len(made),
+            'context_tokens': statistics.fmean(length(q['context']) for q in made),
+            'ending_tokens': statistics.fmean(length(choice) for q in made for choice in q['choices']),
+            'longest_tokens': max(length(q['context']) + length(choice) for q in made for choice in q['choices'])}
 
 
 def write_demo_task(root: str, questions: int = 200, files: int = 600) -> None:

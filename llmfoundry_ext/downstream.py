@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -28,8 +29,8 @@ from tqdm import tqdm
 
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.checkpoint import read_checkpoint_weights
-from llmfoundry_ext.config import DownstreamConfig
-from llmfoundry_ext.errors import ConfigError
+from llmfoundry_ext.config import DownstreamConfig, world_size
+from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.weights import HF_CONFIG, NATIVE_CONFIG, family_of, load_into, load_weights_folder
 
 try:
@@ -378,6 +379,32 @@ def report_results(results: dict, json_path: str | None) -> None:
         with open(json_path, 'w') as file:
             json.dump({key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, file,
                       indent=1, default=str)
+
+
+def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: float | None,
+                     num_fewshot: int | None, tokenizer: str | None, batch_tokens: int, device: str, dtype: str,
+                     json_path: str | None) -> int:
+    """``scripts/evaluate.py``: the tasks scored on the weights of ``source`` (under a launcher, the model sharded over
+    its processes, each scoring its share); rank 0 prints the table. 2 with one line for a bad task, source or
+    tokenizer, before any weights reach a device."""
+    try:
+        require_harness()
+        loaded, _ = load_tasks(tasks, include)
+        model, harness_tokens, max_length = model_from_weights(source, tokenizer)
+    except (ConfigError, CheckpointError) as error:
+        print(f'error: {error}', file=sys.stderr)
+        return 2
+    on_gpu = device.startswith('cuda')
+    place = torch.device(device)
+    if world_size() > 1:
+        place = join_launched_processes(on_gpu)
+        shard_over_processes(model.to(place))
+    harness = HarnessModel(model.to(place), harness_tokens, max_length, batch_tokens, place,
+                           getattr(torch, dtype) if on_gpu and dtype != 'float32' else None)
+    results = run_tasks(harness, loaded, limit if limit is None or limit < 1 else int(limit), num_fewshot)
+    if results is not None:  # rank 0: the harness gathered the results there
+        report_results(results, json_path)
+    return 0
 
 
 def harness_tokenizer(folder: str | None):

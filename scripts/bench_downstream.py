@@ -14,37 +14,12 @@ task at each --hf-batch-sizes. Prints each evaluation's seconds, the metrics, ho
 differ, and what an evaluation adds to 1,000 batches of training.
 """
 import argparse
-import os
-import random
 import site
-import statistics
 import sys
 
-from data_prep.demo_corpus import next_line_questions, write_choice_task, write_tokenizer_config
+from data_prep.demo_corpus import write_held_out_task
 from llmfoundry_ext.bench.downstream import TASK, run
-from llmfoundry_ext.bench.learning import prepare_data, source_pieces
-from llmfoundry_ext.downstream import harness_tokenizer
-
-MAX_CHARS = 400  # a question's context and longest choice (code has lines of data thousands long)
-
-
-def write_task(work: str, data: dict, roots: list[str], questions: int) -> dict:
-    """The task over the source pieces the corpus left out (``write_corpus`` keeps the first of the shuffled
-    pieces), questions of at most ``MAX_CHARS`` whose every choice adds tokens to the context as the harness
-    splits them (its HF backend asserts on an empty continuation); returns its YAML's path and its questions'
-    lengths in tokens."""
-    pieces = source_pieces(roots)
-    random.Random(0).shuffle(pieces)  # write_corpus's order
-    tokenizer = harness_tokenizer(data['tokenizer'])
-    length = lambda text: len(tokenizer.encode(text, add_special_tokens=False))
-    candidates = next_line_questions(pieces[data['documents']:], 2 * questions, context_lines=2, ending_lines=1)
-    made = [q for q in candidates if len(q['context']) + max(map(len, q['choices'])) <= MAX_CHARS
-            and all(length(q['context'] + ' ' + choice) > length(q['context'].rstrip()) for choice in q['choices'])
-            ][:questions]
-    return {'yaml': write_choice_task(os.path.join(work, 'tasks'), TASK, made), 'questions': len(made),
-            'context_tokens': statistics.fmean(length(q['context']) for q in made),
-            'ending_tokens': statistics.fmean(length(choice) for q in made for choice in q['choices']),
-            'longest_tokens': max(length(q['context']) + length(choice) for q in made for choice in q['choices'])}
+from llmfoundry_ext.bench.learning import prepare_data
 
 
 def main(argv: list[str]) -> int:
@@ -64,11 +39,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json')
     args = parser.parse_args(argv)
     data = prepare_data(args.work, args.roots, args.corpus_mb, args.seq_len)
-    write_tokenizer_config(data['tokenizer'])
-    task = write_task(args.work, data, args.roots, args.questions)
-    print(f"task: {task['questions']} questions, context {task['context_tokens']:.1f} tokens, choices "
-          f"{task['ending_tokens']:.1f} tokens (means), longest request {task['longest_tokens']}", flush=True)
-    return run(args, data, task)
+    return run(args, data, write_held_out_task(args.work, data, args.roots, args.questions, TASK))
 
 
 if __name__ == '__main__':

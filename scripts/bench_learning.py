@@ -12,13 +12,10 @@ order: Python source of this machine's installed packages (--corpus-mb), torchti
 for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from step 100 on and ends at or below.
 """
 import argparse
-import json
-import sys
 import site
-import tempfile
+import sys
 
-from llmfoundry_ext.bench.benchmark import Row
-from llmfoundry_ext.bench.learning import Hyper, Plan, merge_reports, prepare_data, print_report, run
+from llmfoundry_ext.bench.learning import report_command, train_command
 
 
 def main(argv: list[str]) -> int:
@@ -45,24 +42,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:
-        report = merge_reports(args.report, args.versus, args.rename)
-        print_report(report)
-        if args.json:
-            with open(args.json, 'w') as file:
-                json.dump(report, file, indent=1)
-        return 0 if all(verdict['holds'] for verdict in report['verdicts']) else 1
+        return report_command(args)
     if not args.row:
         parser.error('give at least one --row, or --report FILES')
-    plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
-                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus,
-                args.shared_init and Row.parse(args.shared_init))
-    with tempfile.TemporaryDirectory() as scratch:
-        work = args.work or scratch
-        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len)
-        print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
-              flush=True)
-        report = run(plan, data, work, args.versus, args.json)
-    return 0 if all(verdict['holds'] for verdict in report['verdicts']) else 1
+    return train_command(args)
 
 
 if __name__ == '__main__':

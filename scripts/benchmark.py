@@ -15,14 +15,9 @@ Prints tokens/s per GPU, MFU, mean step time and peak memory per row against the
 first), each --versus pair's ratio, and writes them all as JSON.
 """
 import argparse
-import functools
-import json
-import os
 import sys
-import tempfile
 
-from llmfoundry_ext.bench.benchmark import (Row, comparisons, format_comparisons, format_table, measure, prepare,
-                                            run_row)
+from llmfoundry_ext.bench.benchmark import run_rows, work
 
 
 def main(argv: list[str]) -> int:
@@ -42,38 +37,7 @@ def main(argv: list[str]) -> int:
         return work(args)
     if not args.row:
         parser.error('give at least one --row')
-    rows = [Row.parse(text) for text in args.row]
-    results = []
-    with tempfile.TemporaryDirectory() as folder:
-        for i, row in enumerate(rows):
-            synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,
-                                          mean_document_tokens=args.mean_document_tokens)
-            results.append(run_row(os.path.abspath(__file__), row, args.gpus, args.warmup, args.steps,
-                                   os.path.join(folder, str(i)), synthetic))
-            print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
-    compared = comparisons(results, args.versus)
-    first = next((r for r in results if 'device' in r), None)
-    if first:
-        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; tokens/s over {args.steps} steps after "
-              f"{args.warmup} warm-up; documents of {args.mean_document_tokens} tokens on average")
-    print(format_table(results, args.baseline or rows[0].name))
-    if compared:
-        print(format_comparisons(compared))
-    if args.json:
-        with open(args.json, 'w') as file:
-            json.dump({'rows': results, 'versus': compared, 'warmup': args.warmup, 'steps': args.steps,
-                       'mean_document_tokens': args.mean_document_tokens}, file, indent=2)
-    return 0 if all('error' not in r for r in results) else 1
-
-
-def work(args) -> int:
-    from composer.utils import dist
-
-    result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps)
-    if dist.get_global_rank() == 0:
-        with open(args.json, 'w') as file:
-            json.dump(result, file)
-    return 0
+    return run_rows(args)
 
 
 if __name__ == '__main__':

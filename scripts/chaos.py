@@ -5,9 +5,8 @@ it with the same command until it finishes, and check each rank's losses and sam
 """
 import argparse
 import sys
-import tempfile
 
-from llmfoundry_ext.bench.chaos import HEADER, run, write_json
+from llmfoundry_ext.bench.chaos import trials_command
 
 
 def main(argv: list[str]) -> int:
@@ -18,18 +17,7 @@ def main(argv: list[str]) -> int:
                         help='seconds slept after each item a checkpoint writes, so that a kill can land inside')
     parser.add_argument('--folder', help='keep the runs here (default: a temporary folder)')
     parser.add_argument('--json', help='write the table here')
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as temporary:
-        print(HEADER, flush=True)
-        results = run(args.folder or temporary, args.trials, args.seed, args.write_delay,
-                      report=lambda row: print(row, flush=True))
-    same = sum(result.identical for result in results)
-    inside = sum(bool(result.killed_inside_write) for result in results)
-    print(f'{same} of {len(results)} resumed runs identical to the uninterrupted one; {inside} kills inside a '
-          f'checkpoint write')
-    if args.json:
-        write_json(results, args.json)
-    return 0 if same == len(results) else 1
+    return trials_command(parser.parse_args(argv))
 
 
 if __name__ == '__main__':

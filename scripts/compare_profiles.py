@@ -10,11 +10,9 @@ trace's GPU work alone to DIR/NAME.timeline.json.gz (kernel, stream, start, dura
 write_timeline), small enough to bring back from a GPU machine and line up ranks' kernels.
 """
 import argparse
-import json
-import os
 import sys
 
-from llmfoundry_ext.bench.profiling import compare_traces, format_comparison, read_trace, top_kernels, write_timeline
+from llmfoundry_ext.bench.trace_report import compare_report
 
 
 def main(argv: list[str]) -> int:
@@ -25,40 +23,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='also write the table here')
     parser.add_argument('--timelines', metavar='DIR', help="write each trace's GPU work to DIR/NAME.timeline.json.gz")
     args = parser.parse_args(argv)
-    summaries = {}
-    for named in args.traces:
-        name, _, path = named.rpartition('=')
-        summary = read_trace(path)
-        if not summary.steps:
-            print(f'error: {path} has no ProfilerStep#N ranges: profile it with scripts/profile_run.py or '
-                  "torchtitan's profiler", file=sys.stderr)
-            return 2
-        summaries[name or path] = summary
-        if args.timelines:
-            os.makedirs(args.timelines, exist_ok=True)
-            label = name or os.path.basename(path).removesuffix('.json')  # unnamed traces each get their own file
-            write_timeline(summary, os.path.join(args.timelines, f'{label}.timeline.json.gz'))
-    rows = compare_traces(summaries)
-    print(format_comparison(rows))
-    print('steps: ' + ', '.join(f'{name} {s.steps}' for name, s in summaries.items()))
-    kernels = {name: top_kernels(s, args.kernels) for name, s in summaries.items()} if args.kernels else {}
-    for name, ranked in kernels.items():
-        print(f'{name}: top {args.kernels} kernels, ms and calls per step')
-        print('\n'.join(f"{k['ms']:>9.2f} {k['calls']:>7g}  {k['category']:<14} {k['kernel'][:140]}" for k in ranked))
-    gaps = {name: s.gaps[:args.gaps] for name, s in summaries.items()} if args.gaps else {}
-    for name, longest in gaps.items():
-        print(f'{name}: {args.gaps} longest idle stretches of {summaries[name].steps} steps, ms')
-        for gap in longest:
-            print(f"{gap['ms']:>9.2f}  after {gap['after'][:70]}  before {gap['before'][:70]}")
-            if gap.get('launched_in'):
-                print(f"           launched in {gap['launched_in'][-200:]}")
-            if gap.get('host_work'):
-                print(f"           host did {gap['host_work']}")
-    if args.json:
-        with open(args.json, 'w') as file:
-            json.dump({'steps': {name: s.steps for name, s in summaries.items()}, 'rows': rows, 'kernels': kernels,
-                       'gaps': gaps}, file, indent=2)
-    return 0
+    return compare_report(args)
 
 
 if __name__ == '__main__':

@@ -17,10 +17,7 @@ import sys
 import torch
 
 from llmfoundry_ext.cli import ArgumentParser, positive_int
-from llmfoundry_ext.config import world_size
-from llmfoundry_ext.downstream import (HarnessModel, join_launched_processes, load_tasks, model_from_weights,
-                                       report_results, require_harness, run_tasks, shard_over_processes)
-from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.downstream import evaluate_weights
 
 
 def main(argv: list[str]) -> int:
@@ -37,26 +34,8 @@ def main(argv: list[str]) -> int:
                         help='autocast dtype on a GPU (the CPU scores in float32)')
     parser.add_argument('--json')
     args = parser.parse_args(argv)
-    try:
-        require_harness()
-        tasks, _ = load_tasks(args.tasks, args.include)
-        model, tokenizer, max_length = model_from_weights(args.source, args.tokenizer)
-    except (ConfigError, CheckpointError) as error:
-        print(f'error: {error}', file=sys.stderr)
-        return 2
-    on_gpu = args.device.startswith('cuda')
-    device = torch.device(args.device)
-    if world_size() > 1:
-        device = join_launched_processes(on_gpu)
-        shard_over_processes(model.to(device))
-    harness = HarnessModel(model.to(device), tokenizer, max_length, args.batch_tokens, device,
-                           getattr(torch, args.dtype) if on_gpu and args.dtype != 'float32' else None)
-    limit = args.limit if args.limit is None or args.limit < 1 else int(args.limit)
-    results = run_tasks(harness, tasks, limit, args.num_fewshot)
-    if results is not None:  # rank 0: the harness gathered the results there
-        report_results(results, args.json)
-    return 0
-
+    return evaluate_weights(args.source, args.tasks, args.include, args.limit, args.num_fewshot, args.tokenizer,
+                            args.batch_tokens, args.device, args.dtype, args.json)
 
 if __name__ == '__main__':
     sys.exit(main(sys.argv[1:]))

@@ -10,7 +10,7 @@ around the --index-th kernel whose name contains --around in the first one, on t
 import argparse
 import sys
 
-from llmfoundry_ext.bench.profiling import collective_stats, interleave, read_timeline
+from llmfoundry_ext.bench.trace_report import line_up_report
 
 
 def main(argv: list[str]) -> int:
@@ -21,18 +21,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--before', type=float, default=400.0, help='ms of the window before it')
     parser.add_argument('--after', type=float, default=700.0, help='ms of the window after it')
     args = parser.parse_args(argv)
-    timelines = {name: read_timeline(path) for name, _, path in (t.rpartition('=') for t in args.timelines)}
-    for name, events in timelines.items():
-        print(f'{name}: communication kernels per stream      calls   total ms  median ms     max ms')
-        for row in collective_stats(events):
-            print(f"  stream {row['stream']:<4} {row['kernel'][:30]:<30} {row['calls']:>6} {row['total_ms']:>10.1f} "
-                  f"{row['median_ms']:>10.2f} {row['max_ms']:>10.2f}")
-    if args.around:
-        print(f'{"":<12}{"stream":>6}{"start ms":>12}{"ms":>9}  kernel')
-        for name, stream, start, duration, kernel in interleave(timelines, args.around, args.index, args.before,
-                                                                args.after):
-            print(f'{name:<12}{stream:>6}{start:>12.1f}{duration:>9.2f}  {kernel[:90]}')
-    return 0
+    return line_up_report(args)
 
 
 if __name__ == '__main__':

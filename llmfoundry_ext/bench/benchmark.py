@@ -11,6 +11,7 @@ A row is ``NAME SOURCE [key=value ...]``, its SOURCE saying what trains:
 Our and HF rows run in their own ``composer -n GPUS`` process (fresh GPU memory and compile caches) over one data
 folder the parent wrote for every rank; rank 0 writes the row's figures to a JSON file the parent reads.
 """
+import functools
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import version
@@ -300,3 +302,44 @@ def comparisons(results: list[dict], pairs: list[str]) -> list[dict]:
 
 def format_comparisons(compared: list[dict]) -> str:
     return '\n'.join(f"{c['ours']:<26} / {c['theirs']:<26} {optional(c['ratio'], '{:.3f}x'):>8}" for c in compared)
+
+
+SCRIPT = os.path.join(REPO, 'scripts', 'benchmark.py')  # each row runs it again, under composer -n GPUS (--worker)
+
+
+def run_rows(args) -> int:
+    """``scripts/benchmark.py``'s arguments -> each row in its own process, the table, the ratios, JSON; 1 if a row
+    failed."""
+    rows = [Row.parse(text) for text in args.row]
+    results = []
+    with tempfile.TemporaryDirectory() as folder:
+        for i, row in enumerate(rows):
+            synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,
+                                          mean_document_tokens=args.mean_document_tokens)
+            results.append(run_row(SCRIPT, row, args.gpus, args.warmup, args.steps,
+                                   os.path.join(folder, str(i)), synthetic))
+            print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
+    compared = comparisons(results, args.versus)
+    first = next((r for r in results if 'device' in r), None)
+    if first:
+        print(f"\n{first['gpus']} x {first['device']}, torch {first['torch']}; tokens/s over {args.steps} steps after "
+              f"{args.warmup} warm-up; documents of {args.mean_document_tokens} tokens on average")
+    print(format_table(results, args.baseline or rows[0].name))
+    if compared:
+        print(format_comparisons(compared))
+    if args.json:
+        with open(args.json, 'w') as file:
+            json.dump({'rows': results, 'versus': compared, 'warmup': args.warmup, 'steps': args.steps,
+                       'mean_document_tokens': args.mean_document_tokens}, file, indent=2)
+    return 0 if all('error' not in r for r in results) else 1
+
+
+def work(args) -> int:
+    """One row inside ``composer -n GPUS`` (``--worker``): rank 0 writes its figures to ``args.json``."""
+    from composer.utils import dist
+
+    result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps)
+    if dist.get_global_rank() == 0:
+        with open(args.json, 'w') as file:
+            json.dump(result, file)
+    return 0

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -200,3 +201,19 @@ def format_row(t: Trial) -> str:
 def write_json(results: list[Trial], path: str) -> None:
     with open(path, 'w') as file:
         json.dump([asdict(t) for t in results], file, indent=2)
+
+
+def trials_command(args) -> int:
+    """``scripts/chaos.py``'s arguments -> the trials' table and summary (and JSON); 1 unless every resumed run is
+    identical to the uninterrupted one."""
+    with tempfile.TemporaryDirectory() as temporary:
+        print(HEADER, flush=True)
+        results = run(args.folder or temporary, args.trials, args.seed, args.write_delay,
+                      report=lambda row: print(row, flush=True))
+    same = sum(result.identical for result in results)
+    inside = sum(bool(result.killed_inside_write) for result in results)
+    print(f'{same} of {len(results)} resumed runs identical to the uninterrupted one; {inside} kills inside a '
+          f'checkpoint write')
+    if args.json:
+        write_json(results, args.json)
+    return 0 if same == len(results) else 1

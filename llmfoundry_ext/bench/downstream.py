@@ -23,8 +23,10 @@ BATCH_LINE = re.compile(r'^batch (\d+)/\d+ .*?([\d,]+) tokens/s/GPU', re.M)
 
 
 def run(args, data: dict, task: dict) -> int:
-    """Train with the task (``write_task``'s) in the loop, export, score with the harness's HF backend at each
-    batch size, report; ``args``: the script's."""
+    """Train with the task (``data_prep.demo_corpus.write_held_out_task``'s) in the loop, export, score with the
+    harness's HF backend at each batch size, report; ``args``: the script's."""
+    print(f"task: {task['questions']} questions, context {task['context_tokens']:.1f} tokens, choices "
+          f"{task['ending_tokens']:.1f} tokens (means), longest request {task['longest_tokens']}", flush=True)
     folder = os.path.join(args.work, 'run')
     os.makedirs(folder, exist_ok=True)
     ours = train(run_yaml(args, data, task, folder), os.path.join(folder, 'train.log'))

@@ -22,6 +22,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +88,13 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int 
     with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
         file.writelines(lines)
     return {'roots': roots, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed, 'piece_chars': PIECE_CHARS}
+
+
+def held_out_pieces(roots: list[str], documents: int, seed: int = 0) -> list[str]:
+    """The pieces of ``roots`` that ``write_corpus`` left out of a corpus of ``documents`` pieces (same shuffle)."""
+    pieces = source_pieces(roots)
+    random.Random(seed).shuffle(pieces)
+    return pieces[documents:]
 
 
 def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:
@@ -343,3 +351,27 @@ def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], vers
                 if all(name in summary for name in pair.split(':'))]
     return {'hyper': vars(hyper) | {'betas': list(hyper.betas)}, 'width': width, 'data': data,
             'rows': results, 'summary': summary, 'verdicts': verdicts}
+
+
+def report_command(args) -> int:
+    """``scripts/bench_learning.py --report``: the saved runs merged, printed and written; 1 if a verdict fails."""
+    report = merge_reports(args.report, args.versus, args.rename)
+    print_report(report)
+    if args.json:
+        with open(args.json, 'w') as file:
+            json.dump(report, file, indent=1)
+    return 0 if all(checked['holds'] for checked in report['verdicts']) else 1
+
+
+def train_command(args) -> int:
+    """``scripts/bench_learning.py --row ...``: the corpus, then every row on every seed; 1 if a verdict fails."""
+    plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
+                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus,
+                args.shared_init and Row.parse(args.shared_init))
+    with tempfile.TemporaryDirectory() as scratch:
+        work = args.work or scratch
+        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len)
+        print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
+              flush=True)
+        report = run(plan, data, work, args.versus, args.json)
+    return 0 if all(checked['holds'] for checked in report['verdicts']) else 1

@@ -71,6 +71,8 @@ def test_corpus_is_shuffled_pieces_in_one_file(tmp_path):
     write_corpus(roots, str(tmp_path / 'c'), 1.0, seed=1)
     assert open(tmp_path / 'c' / 'all.jsonl').read() != open(tmp_path / 'a' / 'all.jsonl').read()
     assert write_corpus(roots, str(tmp_path / 'd'), 0.005)['documents'] == 2  # cut at 5,000 bytes
+    kept = [json.loads(line)['text'] for line in open(tmp_path / 'd' / 'all.jsonl')]
+    assert learning.held_out_pieces(roots, 2) == pieces[2:] and kept == pieces[:2]  # the same shuffle, the rest
 
 
 def small_tokenizer(folder) -> str:
