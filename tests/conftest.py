@@ -3,7 +3,6 @@ import copy
 import os
 import shutil
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -30,25 +29,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(autouse=True, scope='session')
-def shared_memory_prefix_picked_again_on_a_clash():
-    """The suite's two workers (pytest-xdist) start StreamingDatasets in one /dev/shm. streaming finds a free
-    prefix, then creates it: two datasets starting at once can find the same one, and the later creation fails
-    (FileExistsError '/0000NN_locals'). The later one looks again, as a second job on a node would."""
+def shared_memory_prefixes_without_races():
+    """The suite's two workers (pytest-xdist) start StreamingDatasets in one /dev/shm, as two jobs on a node do: the
+    datasets tests make themselves register their prefixes as the trainer's do (``data/shm_prefix.py``)."""
     import streaming.base.dataset as dataset
 
-    find = dataset.get_shm_prefix
+    from llmfoundry_ext.data.shm_prefix import use_race_free_prefixes
 
-    def found_again_on_a_clash(*args, **kwargs):
-        for attempt in range(1, 20):
-            try:
-                return find(*args, **kwargs)
-            except FileExistsError:
-                time.sleep(0.05 * attempt)
-        return find(*args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(dataset, 'get_shm_prefix', found_again_on_a_clash)
-        yield
+    original = dataset.get_shm_prefix
+    use_race_free_prefixes()
+    yield
+    dataset.get_shm_prefix = original
 
 
 def random_windows(count: int, window: int, vocab: int, seed: int):

@@ -13,6 +13,7 @@ from streaming import Stream, StreamingDataLoader, StreamingDataset
 from llmfoundry_ext.config import LoaderConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.mds import TOKENS
+from llmfoundry_ext.data.shm_prefix import use_race_free_prefixes
 
 if TYPE_CHECKING:
     from llmfoundry_ext.parallelism import ContextParallel
@@ -40,6 +41,7 @@ class HeldOutWindows(TokenWindows):
 def build_dataset(loader: LoaderConfig, device_batch_size: int, held_out: bool = False,
                   replication: int = 1) -> TokenWindows:
     """``replication``: so many consecutive ranks read the same samples (a context-parallel group)."""
+    use_race_free_prefixes()
     streams = [Stream(local=s.local, remote=s.remote, proportion=s.proportion, repeat=s.repeat, choose=s.choose)
                for s in loader.streams.values()]
     windows = HeldOutWindows if held_out else TokenWindows
