@@ -33,6 +33,7 @@ from composer.utils import dist
 
 from llmfoundry_ext import preflight
 from llmfoundry_ext.bench import REPO
+from llmfoundry_ext.bench.gpu_clocks import GpuSampler, format_clocks
 from llmfoundry_ext.bench.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
@@ -192,10 +193,18 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
 def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
     """One row in its own processes: its figures, or the error it ended with. ``prepare_yaml(row, folder)`` writes
     an ours or hf row's run YAML into ``folder`` and returns its path; ``script`` is scripts/benchmark.py (its
-    ``--worker`` mode trains the row)."""
+    ``--worker`` mode trains the row). The GPUs' clocks and power while it trains join its figures (``gpu_clocks``)."""
     os.makedirs(folder)
-    if row.model == 'torchtitan':
-        return run_torchtitan(row, gpus, warmup, steps, folder)
+    with GpuSampler() as sampler:
+        if row.model == 'torchtitan':
+            result = run_torchtitan(row, gpus, warmup, steps, folder)
+        else:
+            result = run_ours(script, row, gpus, warmup, steps, folder, prepare_yaml)
+    return result if 'error' in result else result | sampler.summary()
+
+
+def run_ours(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
+    """An ours or hf row under ``composer -n GPUS``: rank 0's figures, or the exit status."""
     out = os.path.join(folder, 'result.json')
     command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), script, '--worker',
                row.text(), '--worker-yaml', prepare_yaml(row, folder),
@@ -327,6 +336,8 @@ def run_rows(args) -> int:
     print(format_table(results, args.baseline or rows[0].name))
     if compared:
         print(format_comparisons(compared))
+    if clocks := format_clocks(results):
+        print(f'GPUs while busy (nvidia-smi, utilization >= 90 %): median SM clock and power\n{clocks}')
     if args.json:
         with open(args.json, 'w') as file:
             json.dump({'rows': results, 'versus': compared, 'warmup': args.warmup, 'steps': args.steps,
