@@ -26,10 +26,11 @@ LOCK = '/dev/shm/llmfoundry_ext_shm_prefix.lock'
 
 @contextlib.contextmanager
 def machine_lock(path: str = LOCK) -> Iterator[None]:
-    """An exclusive lock on ``path`` for the processes of this machine (any user); none where the file cannot be
-    opened (no /dev/shm, another user's file we may not write): streaming's own behaviour then."""
+    """An exclusive lock on ``path`` for the processes of this machine (any user: the file is opened to read, which
+    ``flock`` needs, and another user's may be); none where it cannot be opened (no /dev/shm): streaming's own
+    behaviour then."""
     try:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        descriptor = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:
         yield
         return
