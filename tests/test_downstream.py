@@ -270,6 +270,29 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
         f'one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')
 
 
+def test_local_tasks_load_without_indexing_the_harnesss_own_and_a_group_of_its_tasks_with_them(tasks_folder, tmp_path,
+                                                                                                 monkeypatch):
+    """Indexing the harness's ~14,000 task YAMLs cost every rank seconds: tasks found in the include folders load
+    from those alone; a local group of tasks they lack loads once the harness's own are indexed (here a stand-in:
+    its tasks are ``tasks_folder``'s)."""
+    import lm_eval.tasks
+    managers = []
+
+    class Recorded(TaskManager):
+        def __init__(self, include_path=None, include_defaults=True):
+            managers.append(include_defaults)
+            own = [tasks_folder] if include_defaults else []
+            super().__init__(include_path=[*(include_path or []), *own], include_defaults=False)
+
+    monkeypatch.setattr(lm_eval.tasks, 'TaskManager', Recorded)
+    assert llmfoundry_ext.downstream.load_tasks(['arithmetic_choice'], [tasks_folder])[1] == {'arithmetic_choice': 240}
+    assert managers == [False]
+    (tmp_path / 'suite.yaml').write_text('group: suite\ntask:\n  - last_word\n')
+    managers.clear()
+    assert llmfoundry_ext.downstream.load_tasks(['suite'], [str(tmp_path / 'suite.yaml')])[1] == {'suite': 120}
+    assert managers == [False, True]
+
+
 def test_bad_downstream_sections_are_one_line_before_training(tiny_config, tmp_path, tasks_folder, tokenizer_folder,
                                                               monkeypatch):
     bare = tmp_path / 'bare-tokenizer'
