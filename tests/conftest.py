@@ -1,6 +1,7 @@
 """Shared fixtures: tiny MDS datasets and YAML files; the ``gpu`` marker skips without a GPU."""
 import copy
 import os
+import re
 import shutil
 import sys
 
@@ -195,3 +196,12 @@ def demo_data(root) -> str:
 def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
     """Per batch, the sorted sample ids that all ranks' ledgers (rank -> ``read_ledger``'s) read in it."""
     return [sorted(i for ledger in ledgers.values() for i in ledger[b]['sample_ids']) for b in batches]
+
+
+def keep_checkpoints_up_to(checkpoints, batch: int) -> None:
+    """Remove a run's checkpoints (folders, files, seals) of batches after ``batch``, as if it had stopped there."""
+    for name in os.listdir(checkpoints):
+        found = re.fullmatch(r'\.?ep0-ba(\d+)(-rank0\.pt)?(\.complete\.json)?', name)
+        if found and int(found[1]) > batch:
+            path = os.path.join(checkpoints, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)

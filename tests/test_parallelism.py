@@ -16,7 +16,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import COMPOSER, REPO, global_batches, write_yaml
+from tests.conftest import COMPOSER, REPO, global_batches, keep_checkpoints_up_to, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -226,11 +226,13 @@ def test_hsdp_on_four_processes_trains_as_fsdp_and_checkpoints_move_between_them
         shutil.copytree(tmp_path / 'hsdp', tmp_path / name, symlinks=True)
         shutil.rmtree(tmp_path / name / 'ledger')
         resumed = train_processes(tiny_config, tmp_path / name, processes, replicate)
+        assert [sorted(ledger) for ledger in resumed.values()] == [[4, 5, 6]] * processes  # resumed, not restarted
         assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
         assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
-    stopped = train_processes(tiny_config, tmp_path / 'to-hsdp', 4, 1, 'callbacks.stop_after.batches=3')
+    shutil.copytree(tmp_path / 'fsdp4', tmp_path / 'to-hsdp', symlinks=True)  # FSDP 4 as if stopped at batch 3
+    keep_checkpoints_up_to(tmp_path / 'to-hsdp' / 'checkpoints', 3)
     shutil.rmtree(tmp_path / 'to-hsdp' / 'ledger')
     resumed = train_processes(tiny_config, tmp_path / 'to-hsdp', 4, 2)  # FSDP 4's checkpoint under HSDP 2 x 2
+    assert [sorted(ledger) for ledger in resumed.values()] == [[4, 5, 6]] * 4
     assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
     assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
-    assert global_batches(stopped, (1, 2, 3)) == global_batches(fsdp4, (1, 2, 3))

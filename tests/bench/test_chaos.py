@@ -6,7 +6,6 @@ losses are the 2 ranks' averages; and a checkpoint that one process wrote resume
 rank's samples and losses those of the uninterrupted run."""
 import os
 import random
-import re
 import shutil
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.bench.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
 from llmfoundry_ext.resumption import SEAL
+from tests.conftest import keep_checkpoints_up_to
 
 
 @pytest.mark.timeout(1200)
@@ -57,10 +57,7 @@ def check_resumes_on_two_processes_from_one(runner: Runner, tmp_path, batch: int
     """The elastic run cut back to its first checkpoint of its own (one file), resumed on 2 processes to the end."""
     shutil.copytree(tmp_path / 'elastic', tmp_path / 'back', symlinks=True)
     checkpoints = tmp_path / 'back' / 'checkpoints'
-    for name in os.listdir(checkpoints):
-        if re.fullmatch(r'\.?ep0-ba(\d+)(-rank0\.pt)?(\.complete\.json)?', name) and \
-                int(re.search(r'ba(\d+)', name)[1]) > batch:
-            shutil.rmtree(checkpoints / name) if (checkpoints / name).is_dir() else os.remove(checkpoints / name)
+    keep_checkpoints_up_to(checkpoints, batch)
     runner.finish('back', attempts=1)
     log = runner.log('back')
     assert f'autoresume: ep0-ba{batch}-rank0.pt is one file, this run reads sharded folders: converted it to ' \
