@@ -401,7 +401,6 @@ def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: f
     its processes, each scoring its share); rank 0 prints the table. 2 with one line for a bad task, source or
     tokenizer, before any weights reach a device."""
     try:
-        require_harness()
         loaded, _ = load_tasks(tasks, include)
         model, harness_tokens, max_length = model_from_weights(source, tokenizer)
     except (ConfigError, CheckpointError) as error:

@@ -320,11 +320,11 @@ def run_rows(args) -> int:
     """``scripts/benchmark.py``'s arguments -> each row in its own process, the table, the ratios, JSON; 1 if a row
     failed."""
     rows = [Row.parse(text) for text in args.row]
+    synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,
+                                  mean_document_tokens=args.mean_document_tokens)
     results = []
     with tempfile.TemporaryDirectory() as folder:
         for i, row in enumerate(rows):
-            synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,
-                                          mean_document_tokens=args.mean_document_tokens)
             results.append(run_row(SCRIPT, row, args.gpus, args.warmup, args.steps,
                                    os.path.join(folder, str(i)), synthetic))
             print('=== ' + format_table(results[-1:], None).splitlines()[1], flush=True)
@@ -347,8 +347,6 @@ def run_rows(args) -> int:
 
 def work(args) -> int:
     """One row inside ``composer -n GPUS`` (``--worker``): rank 0 writes its figures to ``args.json``."""
-    from composer.utils import dist
-
     result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps)
     if dist.get_global_rank() == 0:
         with open(args.json, 'w') as file:

@@ -75,10 +75,8 @@ def source_pieces(roots: list[str], piece_chars: int = PIECE_CHARS) -> list[str]
 def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int = 0) -> dict:
     """The pieces of ``roots`` shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
     ``{"text": ...}`` in ``all.jsonl`` (torchtitan's input, and the converter's one part). Returns their description."""
-    pieces = source_pieces(roots)
-    random.Random(seed).shuffle(pieces)
     lines, size = [], 0
-    for piece in pieces:
+    for piece in shuffled_pieces(roots, seed):
         line = json.dumps({'text': piece}) + '\n'
         if size + len(line.encode()) > max_megabytes * 1e6:
             break
@@ -90,11 +88,16 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int 
     return {'roots': roots, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed, 'piece_chars': PIECE_CHARS}
 
 
-def held_out_pieces(roots: list[str], documents: int, seed: int = 0) -> list[str]:
-    """The pieces of ``roots`` that ``write_corpus`` left out of a corpus of ``documents`` pieces (same shuffle)."""
+def shuffled_pieces(roots: list[str], seed: int) -> list[str]:
+    """``source_pieces`` in the order ``write_corpus`` writes them (and cuts them) with ``seed``."""
     pieces = source_pieces(roots)
     random.Random(seed).shuffle(pieces)
-    return pieces[documents:]
+    return pieces
+
+
+def held_out_pieces(roots: list[str], documents: int, seed: int = 0) -> list[str]:
+    """The pieces of ``roots`` that ``write_corpus`` left out of a corpus of ``documents`` pieces."""
+    return shuffled_pieces(roots, seed)[documents:]
 
 
 def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:

@@ -59,10 +59,11 @@ def get_shm_prefix(streams_local: list[str], streams_remote: list[Optional[str]]
         prefix = next(theirs for node, leader, theirs in everyone if leader and node == world.node)
     if not world.is_local_leader:
         shm = SharedMemory(_get_path(prefix, LOCALS), False)
-        if _unpack_locals(bytes(shm.buf)) != (streams_local, prefix):
+        registered = _unpack_locals(bytes(shm.buf))
+        if registered != (streams_local, prefix):
             raise RuntimeError(f'shared memory prefix {prefix}: the local leader registered other local folders '
-                               f'({_unpack_locals(bytes(shm.buf))[0]}) than this rank\'s {streams_local}: give every '
-                               f'rank the same streams')
+                               f'({registered[0]}) than this rank\'s {streams_local}: give every rank the same '
+                               f'streams')
     return prefix, shm
 
 
