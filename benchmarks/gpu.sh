@@ -15,6 +15,7 @@
 #   bash benchmarks/gpu.sh syncs-1b             one H100: where a batch of yamls/llama1b.yaml (local batch 2) syncs
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
+#   bash benchmarks/gpu.sh profile-1b-ours      the same, ours alone
 #   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
 #                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
@@ -252,8 +253,9 @@ case "${1:-}" in
     python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 15 --json "$OUT/speed-1b.json" "${rows[@]}" ;;
   syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
     composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
-      --steps 1 --syncs 2>&1 | grep -v Warning | tail -12 ;;
+      --steps 1 --syncs 2>&1 | grep -v Warning | tail -30 ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
+  profile-1b-ours) profile 1B 2 yamls/llama1b.yaml none ours ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;

@@ -1,14 +1,15 @@
 """Composer's Trainer with each batch at its learning rate's scheduled value, and without host syncs per batch: the
-optimizer stepped after the backward instead of from inside a closure, the batch size that scales each micro-batch's
-loss counted on the host, the training loss logged as a device tensor, and the sample and token counts of one
-process kept on the host."""
+optimizer stepped after the backward instead of from inside a closure, each batch fetched without asking the ranks
+whether a loader ran out, the batch size that scales each micro-batch's loss counted on the host, the training loss
+logged as a device tensor, and the sample and token counts of one process kept on the host."""
 import datetime
+import itertools
 import warnings
 from typing import Sequence
 
 import composer
 import torch
-from composer.core import Batch, Event
+from composer.core import Batch, Event, TrainerMode
 from composer.utils import dist
 
 
@@ -80,6 +81,25 @@ class Trainer(composer.Trainer):
                 self.state.scaler.unscale_(optimizer)
         self.engine.run_event(Event.AFTER_TRAIN_BATCH)
         return total_loss_dict['loss/train/total']
+
+    def _iter_dataloader(self, trainer_mode: TrainerMode):
+        """Training batches without Composer's check, before each, that no rank's loader has run out: an
+        all-reduce read back with ``.item()``, so the host waited for the GPU to finish a batch before it fetched and
+        dispatched the next, and the GPU idled meanwhile. Streaming deals every rank the same number of samples, so
+        all ranks' loaders end at the same batch. Evaluation and prediction keep Composer's."""
+        if trainer_mode != TrainerMode.TRAIN:
+            yield from super()._iter_dataloader(trainer_mode)
+            return
+        loader, length = self.state.dataloader, self.state.dataloader_len
+        batches = iter(loader) if length is None else itertools.islice(loader, int(length))
+        while True:
+            self.engine.run_event(Event.BEFORE_DATALOADER)
+            try:
+                batch = next(batches)
+            except StopIteration:  # Composer's AFTER_DATALOADER marker, ended as its own does
+                self.engine.run_marker_only_event(Event.AFTER_DATALOADER)
+                return
+            yield batch
 
     def _use_closures(self) -> bool:
         """Composer 0.32 runs each batch's forward and backward inside ``optimizer.step(closure)`` unless the

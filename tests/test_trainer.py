@@ -1,3 +1,5 @@
+import inspect
+
 import pytest
 import torch
 from composer.optim import DecoupledAdamW
@@ -113,3 +115,23 @@ def test_a_run_steps_as_a_plain_torch_loop_that_clips_then_steps_fused_adamw(tin
         reference.append(loss.item())
     assert len(losses) == total and min(norms) > threshold
     assert losses == pytest.approx(reference, rel=1e-6)
+
+
+def test_training_fetches_each_batch_without_asking_the_ranks_and_ends_each_epoch(tiny_config, tmp_path, monkeypatch):
+    """Composer all-reduces "has a loader run out?" before each batch and reads it back (a host sync a batch);
+    training asks none, and its epochs end where the loader does: 2 epochs of 40 samples in batches of 8 are 10
+    batches."""
+    from composer.utils import dist
+    asked = []
+    all_reduce = dist.all_reduce
+    monkeypatch.setattr(dist, 'all_reduce', lambda tensor, *args, **kwargs: asked.append(
+        [frame.function for frame in inspect.stack()[1:3]]) or all_reduce(tensor, *args, **kwargs))
+    tiny_config['data']['train']['epoch_size'] = 40
+    tiny_config.update(max_duration='2ep', checkpoint={'save_folder': None, 'autoresume': False}, loggers={},
+                       callbacks={})
+    trainer = build_trainer(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    trainer.fit()
+    trainer.close()
+    assert (int(trainer.state.timestamp.epoch), int(trainer.state.timestamp.batch)) == (2, 10)
+    assert [callers for callers in asked if callers[0] == '_iter_dataloader'] == []
+    assert [callers for callers in asked if callers[0] == '_train_batch'] == [['_train_batch', '_train_loop']] * 10

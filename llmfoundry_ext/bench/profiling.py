@@ -283,10 +283,11 @@ def allocator_counts() -> dict[str, int]:
 
 
 class SyncReport(Callback):
-    """Lists where batch ``batch`` (counted from 0 in this invocation) made the host wait for the GPU: each
-    synchronizing CUDA call (``.item()``, ``torch.equal``, a blocking copy; torch's sync debug mode) with the
-    last frames of its Python stack, and how often it ran. A sync leaves the GPU idle while the host then
-    launches the next work, so a step without any keeps the GPU fed."""
+    """Lists where batch ``batch`` (counted from 0 in this invocation) made the host wait for the GPU, from its
+    start to the next batch's: its step, the callbacks and saver after it and the next batch's fetch. Each
+    synchronizing CUDA call (``.item()``, ``torch.equal``, a blocking copy; torch's sync debug mode) with the last
+    frames of its Python stack, and how often it ran. A sync leaves the GPU idle while the host then launches the
+    next work, so a step without any keeps the GPU fed."""
 
     FRAMES = 4  # innermost Python frames kept per call site
 
@@ -294,12 +295,14 @@ class SyncReport(Callback):
         self.batch, self.seen, self.sites, self.caught = batch, 0, collections.Counter(), None
 
     def batch_start(self, state: State, logger: Logger) -> None:
+        self.stop_listening()
         if self.seen == self.batch and torch.cuda.is_available():
             self.caught = warnings.catch_warnings()
             self.caught.__enter__()
             warnings.simplefilter('always')
             warnings.showwarning = self.record
             torch.cuda.set_sync_debug_mode('warn')
+        self.seen += 1
 
     def record(self, message, category, filename, lineno, file=None, line=None) -> None:
         stack = [f for f in traceback.extract_stack()[:-1] if not f.filename.endswith('warnings.py')]
@@ -307,12 +310,14 @@ class SyncReport(Callback):
             frames = reversed(stack[-self.FRAMES:])
             self.sites[' < '.join(f'{f.name} ({f.filename.rsplit("/", 1)[-1]}:{f.lineno})' for f in frames)] += 1
 
-    def batch_end(self, state: State, logger: Logger) -> None:
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.stop_listening()
+
+    def stop_listening(self) -> None:
         if self.caught is not None:
             torch.cuda.set_sync_debug_mode(0)
             self.caught.__exit__(None, None, None)
             self.caught = None
-        self.seen += 1
 
     def report(self) -> str:
         lines = [f'host syncs in batch {self.batch}: {sum(self.sites.values())}']

@@ -182,8 +182,12 @@ def item_on_the_host():
     warnings.warn('called a synchronizing CUDA operation')  # what torch's sync debug mode says
 
 
+def fetch_the_next_batch():
+    warnings.warn('called a synchronizing CUDA operation')  # Composer's loader check: after a batch's end
+
+
 @pytest.mark.filterwarnings('ignore:called a synchronizing')
-def test_sync_report_counts_each_call_site_of_its_batch(monkeypatch):
+def test_sync_report_counts_each_call_site_from_its_batchs_start_to_the_next(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
 
     def set_sync_debug_mode(mode):  # turning the mode on warns too: not a sync of the batch
@@ -192,14 +196,17 @@ def test_sync_report_counts_each_call_site_of_its_batch(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'set_sync_debug_mode', set_sync_debug_mode)
     report = SyncReport(batch=1)
     for _ in range(3):
+        fetch_the_next_batch()
         report.batch_start(None, None)
         for _ in range(2):
             item_on_the_host()
         report.batch_end(None, None)
+    report.fit_end(None, None)
     lines = report.report().splitlines()
-    assert lines[0] == 'host syncs in batch 1: 2'
-    assert len(lines) == 2 and lines[1].startswith('   2x  item_on_the_host (test_profiling.py:')
-    assert ' < test_sync_report_counts_each_call_site_of_its_batch (test_profiling.py:' in lines[1]
+    assert lines[0] == 'host syncs in batch 1: 3'
+    assert len(lines) == 3 and lines[1].startswith('   2x  item_on_the_host (test_profiling.py:')
+    assert lines[2].startswith('   1x  fetch_the_next_batch (test_profiling.py:')
+    assert ' < test_sync_report_counts_each_call_site_from_its_batchs_start_to_the_next (test_profiling.py:' in lines[1]
 
 
 def test_line_up_ranks_shows_which_rank_waited_at_which_collective(tmp_path, capsys):
