@@ -1,7 +1,6 @@
 """Shared fixtures: tiny MDS datasets and YAML files; the ``gpu`` marker skips without a GPU."""
 import copy
 import os
-import re
 import shutil
 import sys
 
@@ -11,6 +10,7 @@ import torch
 import yaml
 
 from llmfoundry_ext.data.mds import write_mds
+from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPOSER = shutil.which('composer', path=os.path.dirname(sys.executable)) or shutil.which('composer')
@@ -199,9 +199,15 @@ def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
 
 
 def keep_checkpoints_up_to(checkpoints, batch: int) -> None:
-    """Remove a run's checkpoints (folders, files, seals) of batches after ``batch``, as if it had stopped there."""
+    """Remove a run's checkpoints (folders, files and their seals) of batches after ``batch``, as if it had stopped
+    there."""
     for name in os.listdir(checkpoints):
-        found = re.fullmatch(r'\.?ep0-ba(\d+)(-rank0\.pt)?(\.complete\.json)?', name)
+        found = CHECKPOINT_NAME.match(name)
         if found and int(found[1]) > batch:
             path = os.path.join(checkpoints, name)
-            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+            if os.path.isdir(path):
+                shutil.rmtree(path)  # its seal inside
+            else:
+                os.remove(path)
+                if os.path.exists(seal_path(path)):
+                    os.remove(seal_path(path))

@@ -3,6 +3,7 @@ import inspect
 import pytest
 import torch
 from composer.optim import DecoupledAdamW
+from composer.utils import dist
 from torch.distributed.tensor import DTensor
 
 from llmfoundry_ext.build import build_trainer
@@ -121,7 +122,6 @@ def test_training_fetches_each_batch_without_asking_the_ranks_and_ends_each_epoc
     """Composer all-reduces "has a loader run out?" before each batch and reads it back (a host sync a batch);
     training asks none, and its epochs end where the loader does: 2 epochs of 40 samples in batches of 8 are 10
     batches."""
-    from composer.utils import dist
     asked = []
     all_reduce = dist.all_reduce
     monkeypatch.setattr(dist, 'all_reduce', lambda tensor, *args, **kwargs: asked.append(

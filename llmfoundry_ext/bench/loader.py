@@ -41,7 +41,8 @@ def loader_rows(args) -> int:
             speed = time_loader(folder, args.seq_len, args.batch_size, args.batches, workers)
             per_worker = speed / max(workers, 1)
             rows.append({'workers': workers, 'tokens_per_second': round(speed),
-                         'tokens_per_second_per_worker': round(per_worker), 'x_h100_1b': per_worker / H100_1B_TOKENS_PER_SECOND})
+                         'tokens_per_second_per_worker': round(per_worker),
+                         'x_h100_1b': per_worker / H100_1B_TOKENS_PER_SECOND})
     print(f"{'workers':>7} {'tokens/s':>12} {'per worker':>12} {'x H100 1B':>10}  (target >= {TARGET:,} per worker)")
     for row in rows:
         print(f"{row['workers']:>7} {row['tokens_per_second']:>12,} {row['tokens_per_second_per_worker']:>12,} "
