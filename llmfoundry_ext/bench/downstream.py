@@ -1,6 +1,7 @@
-"""Downstream evaluation's cost (``scripts/bench_downstream.py``): ours trains with the task scored in the loop,
-its last checkpoint is exported with to-hf and lm-evaluation-harness's HF backend scores the same task; each
-evaluation's seconds, the metrics and how far the two backends' log-likelihoods differ."""
+"""Downstream evaluation's cost (``scripts/bench_downstream.py``): ours trains on one GPU or more with the task
+scored in the loop, its last checkpoint is exported with to-hf and lm-evaluation-harness's HF backend scores the same
+task; each evaluation's seconds, the metrics and how far the two backends' log-likelihoods differ, and (``--against``)
+how far each evaluation's metrics are from another run's (the same benchmark on another number of GPUs)."""
 import json
 import os
 import re
@@ -16,8 +17,6 @@ from llmfoundry_ext.downstream import HarnessModel, load_tasks, metrics_of, mode
 
 TASK = 'hellaswag_like'
 GLOBAL_BATCH = 2  # torchtitan's 1B flavor at local batch 2, as the learning benchmark trains it (gpu.sh: L)
-ROW = Row('ours', 'yamls/llama1b.yaml', [f'global_batch_size={GLOBAL_BATCH}', f'device_microbatch_size={GLOBAL_BATCH}',
-                                         'model.tie_embeddings=false', 'model.rope_scaling_factor=8'])
 EVALUATION_LINE = re.compile(r'^downstream at batch (\d+) .*\(([\d.]+) s\)$', re.M)
 BATCH_LINE = re.compile(r'^batch (\d+)/\d+ .*?([\d,]+) tokens/s/GPU', re.M)
 
@@ -27,18 +26,26 @@ def run(args, data: dict, task: dict) -> int:
     harness's HF backend at each batch size, report; ``args``: the script's."""
     print(f"task: {task['questions']} questions, context {task['context_tokens']:.1f} tokens, choices "
           f"{task['ending_tokens']:.1f} tokens (means), longest request {task['longest_tokens']}", flush=True)
-    folder = os.path.join(args.work, 'run')
+    folder = os.path.join(args.work, f'run-{args.gpus}gpu')
     os.makedirs(folder, exist_ok=True)
-    ours = train(run_yaml(args, data, task, folder), os.path.join(folder, 'train.log'))
-    with open(os.path.join(folder, 'checkpoints', 'downstream', f'ba{args.batches}.json')) as file:
-        last = json.load(file)
-    ours.update(metrics=metrics_of(last), loglikelihoods=loglikelihoods(last))
-    export(os.path.join(folder, 'checkpoints'), os.path.join(args.work, 'export'))
+    ours = train(run_yaml(args, data, task, folder), os.path.join(folder, 'train.log'), args.gpus)
+    results = {}
+    for batch, _ in ours['evaluations']:
+        with open(os.path.join(folder, 'checkpoints', 'downstream', f'ba{batch}.json')) as file:
+            results[batch] = json.load(file)
+    ours.update(metrics_by_batch={batch: metrics_of(result) for batch, result in results.items()},
+                loglikelihoods=loglikelihoods(results[args.batches]))
+    if args.hf_batch_sizes:
+        export(os.path.join(folder, 'checkpoints'), os.path.join(args.work, 'export'))
     hf_runs = [hf_evaluate(os.path.join(args.work, 'export'), task, size, args.device) for size in args.hf_batch_sizes]
     if args.profile:
         profile_ours(os.path.join(folder, 'checkpoints'), task, args, args.profile)
     report = summarize(args, data, task, ours, hf_runs)
     print_report(report)
+    if args.against:
+        with open(args.against) as file:
+            report['against'] = metric_differences(report, json.load(file))
+        print_differences(report['against'])
     if args.json:
         with open(args.json, 'w') as file:
             json.dump(report, file, indent=1)
@@ -50,10 +57,12 @@ def summarize(args, data: dict, task: dict, ours: dict, hf_runs: list[dict]) -> 
     evaluation (the last: the first compiles the blocks for scoring) and its share of 1,000 batches."""
     import torch
     steady = ours['evaluations'][-1][1]
-    batch_seconds = GLOBAL_BATCH * data['window'] / ours['tokens_per_second']
+    batch_seconds = GLOBAL_BATCH * data['window'] / (ours['tokens_per_second'] * args.gpus)
     return {'device': torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu',
             'torch': torch.__version__, 'task': task, 'batches': args.batches, 'interval': args.interval,
-            'ours': {'evaluations': ours['evaluations'], 'metrics': ours['metrics'], 'batch_tokens': args.batch_tokens,
+            'gpus': args.gpus,
+            'ours': {'evaluations': ours['evaluations'], 'metrics': ours['metrics_by_batch'][args.batches],
+                     'metrics_by_batch': ours['metrics_by_batch'], 'batch_tokens': args.batch_tokens,
                      'tokens_per_second': ours['tokens_per_second'],
                      'share_of_1000_batches': steady / (steady + 1000 * batch_seconds)},
             'hf': [{key: run[key] for key in ('batch_size', 'seconds', 'metrics')}
@@ -64,7 +73,7 @@ def summarize(args, data: dict, task: dict, ours: dict, hf_runs: list[dict]) -> 
 
 def print_report(report: dict) -> None:
     ours = report['ours']
-    print(f"{report['device']}, torch {report['torch']}: {report['task']['questions']} questions")
+    print(f"{report['device']} x {report['gpus']}, torch {report['torch']}: {report['task']['questions']} questions")
     print(f"{'row':<22}{'seconds':>9}{'acc':>8}{'acc_norm':>10}{'ours faster':>13}{'|dLL| max/mean':>17}"
           f"{'picks differ':>14}")
     metric = lambda metrics, name: metrics[f'metrics/downstream/{TASK}/{name}']
@@ -78,14 +87,34 @@ def print_report(report: dict) -> None:
               f"{metric(run['metrics'], 'acc_norm'):>10.4f}{run['ours_speedup']:>12.2f}x"
               f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
     print(f"an evaluation every 1,000 batches: {100 * ours['share_of_1000_batches']:.2f} % of the run "
-          f"(training at {ours['tokens_per_second']:,.0f} tokens/s)")
+          f"(training at {ours['tokens_per_second']:,.0f} tokens/s a GPU)")
+
+
+def metric_differences(report: dict, other: dict) -> dict:
+    """Each in-loop evaluation's metrics beside ``other``'s (a report of this benchmark, e.g. on another number of
+    GPUs): per batch and metric, (this, other); and the largest |this - other|. JSON keeps the batches as text."""
+    ours, theirs = report['ours']['metrics_by_batch'], other['ours']['metrics_by_batch']
+    pairs = {str(batch): {name: (value, theirs[str(batch)][name]) for name, value in metrics.items()}
+             for batch, metrics in ours.items()}
+    return {'gpus': (report['gpus'], other['gpus']), 'metrics': pairs,
+            'max_abs': max(abs(a - b) for metrics in pairs.values() for a, b in metrics.values())}
+
+
+def print_differences(against: dict) -> None:
+    this, other = against['gpus']
+    for batch, metrics in against['metrics'].items():
+        print(f'batch {batch}: ' + ', '.join(f"{name.rsplit('/', 1)[-1]} {a:.4f} on {this} GPU(s), {b:.4f} on {other}"
+                                            for name, (a, b) in metrics.items()))
+    print(f"largest |difference|: {against['max_abs']:.4f}")
 
 
 def run_yaml(args, data: dict, task: dict, folder: str) -> str:
     """The learning benchmark's run YAML with the task scored every ``--interval`` batches and the last batch's
     checkpoint saved; returns its path."""
     from omegaconf import OmegaConf
-    row = Row(ROW.name, ROW.source, ROW.overrides + args.overrides)
+    row = Row('ours', 'yamls/llama1b.yaml', [
+        f'global_batch_size={GLOBAL_BATCH}', f'device_microbatch_size={GLOBAL_BATCH // args.gpus}',
+        'model.tie_embeddings=false', 'model.rope_scaling_factor=8', *args.overrides])
     path = our_run_yaml(row, folder, data, Hyper(steps=args.batches), seed=1)
     raw = OmegaConf.load(path)
     raw.checkpoint = {'save_folder': os.path.join(folder, 'checkpoints'), 'save_interval': f'{args.batches}ba',
@@ -96,9 +125,10 @@ def run_yaml(args, data: dict, task: dict, folder: str) -> str:
     return path
 
 
-def train(yaml: str, log_path: str) -> dict:
-    """``composer train.py`` on the YAML; each in-loop evaluation's (batch, seconds) and the last logged tokens/s."""
-    command = [sys.executable, '-m', 'composer.cli.launcher', '-n', '1', os.path.join(REPO, 'train.py'), yaml]
+def train(yaml: str, log_path: str, gpus: int) -> dict:
+    """``composer -n gpus train.py`` on the YAML; each in-loop evaluation's (batch, seconds) and the last logged
+    tokens/s (a GPU)."""
+    command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), os.path.join(REPO, 'train.py'), yaml]
     print('--- ours:', ' '.join(command[3:]), flush=True)
     with open(log_path, 'w') as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
