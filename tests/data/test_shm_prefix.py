@@ -41,7 +41,10 @@ def register(ours: bool, job: int, start, results) -> None:
 
 
 def registered_by_two_jobs(ours: bool) -> dict:
-    context = multiprocessing.get_context('fork')  # the children use no torch op
+    # not fork: a child forked from a test worker inherits whatever lock another thread of it held (in a CI run a
+    # child never answered); the fork server is a fresh single-threaded process that imported this module once
+    context = multiprocessing.get_context('forkserver')
+    context.set_forkserver_preload([__name__])
     start, results = context.Barrier(2), context.Queue()
     jobs = [context.Process(target=register, args=(ours, job, start, results)) for job in range(2)]
     for process in jobs:
