@@ -183,6 +183,7 @@ long_8b() {  # the same command each call: batches 1-5 and a checkpoint (stop_af
 }
 
 AC=parallelism.fsdp.activation_checkpointing
+HARNESS_NOISE='Running loglikelihood|Warning|it/s\]'  # the harness's progress lines, left out of the console
 declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8]="model.float8=true")
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
@@ -271,7 +272,7 @@ case "${1:-}" in
   downstream)
     shift
     TORCH_LOGS=recompiles python3 scripts/bench_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |
-      grep -v -E "Running loglikelihood|Warning|it/s\]"
+      grep -v -E "$HARNESS_NOISE"
     for run in /tmp/bench_downstream/run-*gpu; do cp "$run/train.log" "$OUT/downstream-$(basename "$run")-train.log"; done ;;
   downstream-2gpu)  # in-loop only (no HF backend): on 1 GPU, then on 2 with the same global batch, metrics beside
     shift
@@ -279,7 +280,7 @@ case "${1:-}" in
       against=()
       [ "$n" = 2 ] && against=(--against "$OUT/downstream-1gpu.json")
       python3 scripts/bench_downstream.py --gpus "$n" "${against[@]}" --json "$OUT/downstream-${n}gpu.json" "$@" \
-        --hf-batch-sizes 2>&1 | tee "$OUT/downstream-${n}gpu.log" | grep -v -E "Running loglikelihood|Warning|it/s\]"
+        --hf-batch-sizes 2>&1 | tee "$OUT/downstream-${n}gpu.log" | grep -v -E "$HARNESS_NOISE"
       cp "/tmp/bench_downstream/run-${n}gpu/train.log" "$OUT/downstream-${n}gpu-train.log"
     done ;;
   attention)
