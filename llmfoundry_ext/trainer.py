@@ -42,8 +42,9 @@ class Trainer(composer.Trainer):
         schedulers after a batch but before its count advances, so batch k trained at the value for k - 2 (batches 1
         and 2 at 0 under a linear warm-up: a warm-up two batches late); its own per-batch stepping is off."""
         now, world = self.state.timestamp, dist.get_world_size()
-        batch_end = now.to_next_batch(  # every rank's batch has this rank's shape
-            samples=world * self._train_data_spec.get_num_samples_in_batch(self.state.batch),
+        batch_end = now.to_next_batch(  # every rank's batch has this rank's shape; a share of a sample under context
+            # parallelism (a float, ContextParallel.samples): Composer's counts take whole samples
+            samples=round(world * self._train_data_spec.get_num_samples_in_batch(self.state.batch)),
             tokens=world * self._train_data_spec.get_num_tokens_in_batch(self.state.batch))
         self.state.timestamp = batch_end
         try:

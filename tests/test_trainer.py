@@ -40,6 +40,19 @@ def test_batch_k_trains_at_the_schedules_value_for_the_end_of_batch_k(tiny_confi
     assert rates == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 5e-4, 0.0], abs=1e-12)
 
 
+def test_a_share_of_a_sample_a_rank_schedules_and_counts_whole_samples(tiny_config, tmp_path):
+    """Under context parallelism each rank counts its share of the batch's samples, a float
+    (ContextParallel.samples): the schedule's step takes the batch's whole samples (Composer's Timestamp refused 1.0,
+    and llama8b-131k.yaml stopped at its first batch on 2 GPUs)."""
+    tiny_config.update(max_duration='3ba', checkpoint={'save_folder': None, 'autoresume': False}, loggers={})
+    trainer = build_trainer(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    samples = trainer._train_data_spec.get_num_samples_in_batch
+    trainer._train_data_spec.get_num_samples_in_batch = lambda batch: samples(batch) / 2
+    trainer.fit()
+    trainer.close()
+    assert trainer.state.timestamp.sample.value == 3 * tiny_config['global_batch_size'] // 2
+
+
 def test_micro_batches_of_a_batch_step_as_the_whole_batch(tiny_config, tmp_path, monkeypatch):
     """The batch size that scales each micro-batch's loss is counted on the host: 3 batches of 8 in micro-batches
     of 4 leave the weights of torch's SGD on the whole batches' mean loss (fp32; SGD's step is proportional to the
