@@ -49,10 +49,11 @@
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
 #                                               and 1) profiled beside torchtitan's compile_full at CP 2, 131,072 tokens
 #                                               (OURS_ONLY=1: ours alone); GPU timelines in $OUT/timelines
-#   bash benchmarks/gpu.sh bench-long [ROWS]    2 GPUs: llama8b-131k.yaml (CP 2) as shipped (ours) and with
-#                                               full_except_attention (ours-fea) beside torchtitan's compile_full
-#                                               (titan) and compile_sac (titan-sac) at CP 2, 131,072 tokens: 4 timed
-#                                               steps after 2 each (default all four: ~14 min, more than one call)
+#   bash benchmarks/gpu.sh bench-long [ROWS]    2 GPUs: llama8b-131k.yaml (CP 2) as shipped (ours:
+#                                               full_except_attention) and with full AC (ours-full) beside torchtitan's
+#                                               compile_full (titan) and compile_sac (titan-sac: out of memory at
+#                                               131,072 on 2 H200s) at CP 2, 131,072 tokens: 4 timed steps after 2 each
+#                                               (default all four: ~14 min, more than one call)
 #   bash benchmarks/gpu.sh long-smoke           2 GPUs: llama8b-131k.yaml with 2 layers, 3 steps (context parallel 2)
 #   bash benchmarks/gpu.sh long-8b              2 GPUs: llama8b-131k.yaml as shipped (data, init, batch and duration
 #                                               aside) to 10 steps, stopping after 5 with a checkpoint: run it twice,
@@ -304,15 +305,15 @@ case "${1:-}" in
     done
     python3 scripts/compare_profiles.py "${traces[@]}" --kernels 25 --gaps 8 --json "$OUT/profile-long.json" \
       --timelines "$OUT/timelines" ;;
-  bench-long)  # [ROWS]: of ours (as shipped), ours-fea (full_except_attention), titan (compile_full), titan-sac
+  bench-long)  # [ROWS]: of ours (as shipped), ours-full (full AC), titan (compile_full), titan-sac
     shift
     Y="yamls/llama8b-131k.yaml variables.init_from=null global_batch_size=$((GPUS / 2))" T="FLAVOR=8B LBS=1 CP=2 SEQ=131072"
-    declare -A LONG=([ours]="ours $Y" [ours-fea]="ours-fea $Y $AC=full_except_attention"
+    declare -A LONG=([ours]="ours $Y" [ours-full]="ours-full $Y $AC=full"
                      [titan]="titan torchtitan:compile_full $T" [titan-sac]="titan-sac torchtitan:compile_sac $T")
     rows=()
-    for row in ${*:-ours ours-fea titan titan-sac}; do rows+=(--row "${LONG[$row]}"); done
+    for row in ${*:-ours ours-full titan titan-sac}; do rows+=(--row "${LONG[$row]}"); done
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/bench-long-$(IFS=-; echo "${*:-all}").json" \
-      "${rows[@]}" --versus ours:titan --versus ours-fea:titan --versus ours-fea:titan-sac ;;
+      "${rows[@]}" --versus ours:titan --versus ours-full:titan --versus ours:titan-sac ;;
   long-table)
     Y="yamls/llama8b-131k.yaml variables.init_from=null"
     python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \
