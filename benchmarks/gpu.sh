@@ -42,8 +42,10 @@
 #                                               more-itertools multiprocess==0.70.19 nltk pytz, and `pip wheel --no-deps
 #                                               -w .whl sqlitedict word2number rouge_score` (no wheels on PyPI)
 #   bash benchmarks/gpu.sh downstream-2gpu [ARGS]  2 GPUs: the same, in the loop only, trained on 1 GPU then on 2
-#                                               (the same global batch): each evaluation's metrics beside the 1-GPU
-#                                               run's, its seconds (--batches 200 --interval 100 by default)
+#                                               (the same global batch, the same first weights): each evaluation's
+#                                               metrics beside the 1-GPU run's, its seconds (--batches 200 --interval
+#                                               100 by default); the 2-GPU run's last checkpoint scored again in one
+#                                               process (--rescore): the same weights' metrics
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -278,9 +280,9 @@ case "${1:-}" in
   downstream-2gpu)  # in-loop only (no HF backend): on 1 GPU, then on 2 with the same global batch, metrics beside
     shift
     for n in 1 2; do
-      against=()
-      [ "$n" = 2 ] && against=(--against "$OUT/downstream-1gpu.json")
-      python3 scripts/bench_downstream.py --gpus "$n" "${against[@]}" --json "$OUT/downstream-${n}gpu.json" "$@" \
+      second=()
+      [ "$n" = 2 ] && second=(--against "$OUT/downstream-1gpu.json" --rescore)
+      python3 scripts/bench_downstream.py --gpus "$n" "${second[@]}" --json "$OUT/downstream-${n}gpu.json" "$@" \
         --hf-batch-sizes 2>&1 | tee "$OUT/downstream-${n}gpu.log" | grep -v -E "$HARNESS_NOISE"
       cp "/tmp/bench_downstream/run-${n}gpu/train.log" "$OUT/downstream-${n}gpu-train.log"
     done ;;

@@ -2,7 +2,7 @@
 weights (the checkpoint exported with to-hf), on a local HellaSwag-like task (pip install 'llmfoundry_ext[eval]').
 
   python scripts/bench_downstream.py --questions 1000 --batches 200 --interval 100 --json downstream.json \\
-      [--gpus N] [--hf-batch-sizes auto 64] [--against OTHER.json] [override ...]
+      [--gpus N] [--hf-batch-sizes auto 64] [--against OTHER.json] [--rescore] [override ...]
 
 The text, tokenizer and shards are the learning benchmark's (its --corpus-mb of Python source, torchtitan's test
 tokenizer: bash ../shared/anchors/prepare.sh). The task is made of pieces of that source the corpus left out: two
@@ -10,9 +10,11 @@ lines of a file, and four candidates for the next line (the real one, a line of 
 harness task YAML (dataset_path: json). Ours trains yamls/llama1b.yaml with the learning benchmark's settings (and
 the overrides given) for --batches batches, scoring the task every --interval batches in the loop, and saves its
 last checkpoint; that checkpoint is exported with to-hf and the harness's own HF backend (``HFLM``, bf16) scores the
-task at each --hf-batch-sizes (none: no export). --gpus N trains on N GPUs with the same global batch; --against a
-report of another run (its --json) prints each evaluation's metrics beside that run's. Prints each evaluation's
-seconds, the metrics, how far each question's log-likelihoods differ, and what an evaluation adds to 1,000 batches.
+task at each --hf-batch-sizes (none: no export). --gpus N trains on N GPUs with the same global batch, from the same
+weights (seed 1's, drawn on the CPU); --against a report of another run (its --json) prints each evaluation's metrics
+beside that run's; --rescore scores the last checkpoint again in one process: the in-loop evaluation (sharded over
+--gpus) beside it on the same weights. Prints each evaluation's seconds, the metrics, how far each question's
+log-likelihoods differ, and what an evaluation adds to 1,000 batches.
 """
 import argparse
 import site
@@ -39,6 +41,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--device', default='cuda')
     parser.add_argument('--profile', help='write where ours out of the loop spends an evaluation to this file')
     parser.add_argument('--json')
+    parser.add_argument('--rescore', action='store_true',
+                        help="score the last checkpoint again in this one process (scripts/evaluate.py's path) and "
+                             "print its metrics and log-likelihoods beside the last in-loop evaluation's")
     parser.add_argument('--against', help="another run's --json: each evaluation's metrics beside this run's")
     args = parser.parse_args(argv)
     data = prepare_data(args.work, args.roots, args.corpus_mb, args.seq_len)

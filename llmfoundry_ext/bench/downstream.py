@@ -1,7 +1,9 @@
 """Downstream evaluation's cost (``scripts/bench_downstream.py``): ours trains on one GPU or more with the task
 scored in the loop, its last checkpoint is exported with to-hf and lm-evaluation-harness's HF backend scores the same
 task; each evaluation's seconds, the metrics and how far the two backends' log-likelihoods differ, and (``--against``)
-how far each evaluation's metrics are from another run's (the same benchmark on another number of GPUs)."""
+how far each evaluation's metrics are from another run's (the same benchmark on another number of GPUs). Every run
+starts from seed 1's fresh weights drawn on the CPU (the learning benchmark's shared start), so runs on 1 and 2 GPUs
+train the same model: a fresh draw on meta depends on the shard layout (DTensor's RNG)."""
 import json
 import os
 import re
@@ -12,10 +14,11 @@ import time
 
 from llmfoundry_ext.bench.benchmark import Row
 from llmfoundry_ext.bench import REPO
-from llmfoundry_ext.bench.learning import Hyper, our_run_yaml
+from llmfoundry_ext.bench.learning import Hyper, our_run_yaml, write_shared_init
 from llmfoundry_ext.downstream import HarnessModel, load_tasks, metrics_of, model_from_weights, run_tasks
 
 TASK = 'hellaswag_like'
+SEED = 1
 GLOBAL_BATCH = 2  # torchtitan's 1B flavor at local batch 2, as the learning benchmark trains it (gpu.sh: L)
 EVALUATION_LINE = re.compile(r'^downstream at batch (\d+) .*\(([\d.]+) s\)$', re.M)
 BATCH_LINE = re.compile(r'^batch (\d+)/\d+ .*?([\d,]+) tokens/s/GPU', re.M)
@@ -28,7 +31,9 @@ def run(args, data: dict, task: dict) -> int:
           f"{task['ending_tokens']:.1f} tokens (means), longest request {task['longest_tokens']}", flush=True)
     folder = os.path.join(args.work, f'run-{args.gpus}gpu')
     os.makedirs(folder, exist_ok=True)
-    ours = train(run_yaml(args, data, task, folder), os.path.join(folder, 'train.log'), args.gpus)
+    yaml = run_yaml(args, data, task, folder)
+    write_shared_init(yaml, SEED, os.path.join(folder, 'init'), ['model.init_from=null'])
+    ours = train(yaml, os.path.join(folder, 'train.log'), args.gpus)
     results = {}
     for batch, _ in ours['evaluations']:
         with open(os.path.join(folder, 'checkpoints', 'downstream', f'ba{batch}.json')) as file:
@@ -41,6 +46,8 @@ def run(args, data: dict, task: dict) -> int:
     if args.profile:
         profile_ours(os.path.join(folder, 'checkpoints'), task, args, args.profile)
     report = summarize(args, data, task, ours, hf_runs)
+    if args.rescore:
+        report['rescored'] = rescore(os.path.join(folder, 'checkpoints'), task, args, ours)
     print_report(report)
     if args.against:
         with open(args.against) as file:
@@ -86,6 +93,11 @@ def print_report(report: dict) -> None:
         print(f"{'hf batch ' + run['batch_size']:<22}{run['seconds']:>9.2f}{metric(run['metrics'], 'acc'):>8.4f}"
               f"{metric(run['metrics'], 'acc_norm'):>10.4f}{run['ours_speedup']:>12.2f}x"
               f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
+    if 'rescored' in report:
+        again, d = report['rescored'], report['rescored']['loglikelihood_differences']
+        print(f"{'ours, 1 process':<22}{again['seconds']:>9.2f}{metric(again['metrics'], 'acc'):>8.4f}"
+              f"{metric(again['metrics'], 'acc_norm'):>10.4f}{'':>13}{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}"
+              f"{d['questions_picked_differently']:>14}")
     print(f"an evaluation every 1,000 batches: {100 * ours['share_of_1000_batches']:.2f} % of the run "
           f"(training at {ours['tokens_per_second']:,.0f} tokens/s a GPU)")
 
@@ -109,13 +121,14 @@ def print_differences(against: dict) -> None:
 
 
 def run_yaml(args, data: dict, task: dict, folder: str) -> str:
-    """The learning benchmark's run YAML with the task scored every ``--interval`` batches and the last batch's
-    checkpoint saved; returns its path."""
+    """The learning benchmark's run YAML, starting from ``<folder>/init``, with the task scored every ``--interval``
+    batches and the last batch's checkpoint saved; returns its path."""
     from omegaconf import OmegaConf
     row = Row('ours', 'yamls/llama1b.yaml', [
         f'global_batch_size={GLOBAL_BATCH}', f'device_microbatch_size={GLOBAL_BATCH // args.gpus}',
-        'model.tie_embeddings=false', 'model.rope_scaling_factor=8', *args.overrides])
-    path = our_run_yaml(row, folder, data, Hyper(steps=args.batches), seed=1)
+        'model.tie_embeddings=false', 'model.rope_scaling_factor=8', f"model.init_from={os.path.join(folder, 'init')}",
+        *args.overrides])
+    path = our_run_yaml(row, folder, data, Hyper(steps=args.batches), seed=SEED)
     raw = OmegaConf.load(path)
     raw.checkpoint = {'save_folder': os.path.join(folder, 'checkpoints'), 'save_interval': f'{args.batches}ba',
                       'autoresume': False}
@@ -164,22 +177,41 @@ def hf_evaluate(export_folder: str, task: dict, batch_size: str, device: str) ->
             'loglikelihoods': loglikelihoods(results)}
 
 
+def out_of_loop(checkpoints: str, task: dict, args) -> tuple[dict, HarnessModel]:
+    """The task, and ours on the last checkpoint's weights in this process (scripts/evaluate.py's path: eager, bf16
+    autocast on a GPU)."""
+    import torch
+    tasks, _ = load_tasks([TASK], [task['yaml']])
+    model, tokenizer, max_length = model_from_weights(checkpoints)
+    return tasks, HarnessModel(model.to(args.device), tokenizer, max_length, args.batch_tokens, args.device,
+                               torch.bfloat16 if args.device.startswith('cuda') else None)
+
+
+def rescore(checkpoints: str, task: dict, args, ours: dict) -> dict:
+    """The last checkpoint scored again out of the loop in this one process: the same weights' metrics and
+    log-likelihoods beside the last in-loop evaluation's (on ``--gpus`` GPUs, the model sharded), and its seconds."""
+    tasks, harness = out_of_loop(checkpoints, task, args)
+    started = time.perf_counter()
+    results = run_tasks(harness, tasks)
+    seconds = time.perf_counter() - started
+    metrics, in_loop = metrics_of(results), ours['metrics_by_batch'][args.batches]
+    return {'seconds': seconds, 'metrics': metrics,
+            'max_abs_metric_difference': max(abs(metrics[name] - value) for name, value in in_loop.items()),
+            'loglikelihood_differences': differences(ours['loglikelihoods'], loglikelihoods(results))}
+
+
 def profile_ours(checkpoints: str, task: dict, args, out: str) -> None:
     """Where an evaluation's seconds go: ours out of the loop (scripts/evaluate.py's path) timed twice, the second
     under cProfile, and the harness alone (every request scored 0) timed: written to ``out``."""
     import cProfile
     import io
     import pstats
-    import torch
 
     class Unscored(HarnessModel):
         def _loglikelihood_tokens(self, requests, disable_tqdm=False, **kwargs):
             return [(0.0, False)] * len(requests)
 
-    tasks, _ = load_tasks([TASK], [task['yaml']])
-    model, tokenizer, max_length = model_from_weights(checkpoints)
-    harness = HarnessModel(model.to(args.device), tokenizer, max_length, args.batch_tokens, args.device,
-                           torch.bfloat16 if args.device.startswith('cuda') else None)
+    tasks, harness = out_of_loop(checkpoints, task, args)
     lines = []
     for attempt in range(2):
         profiler = cProfile.Profile() if attempt else None
@@ -191,7 +223,7 @@ def profile_ours(checkpoints: str, task: dict, args, out: str) -> None:
             profiler.disable()
         lines.append(f'ours out of the loop, evaluation {attempt + 1}: {time.perf_counter() - started:.2f} s')
     started = time.perf_counter()
-    run_tasks(Unscored(None, tokenizer, max_length), tasks)
+    run_tasks(Unscored(None, harness.tokenizer, harness.max_length), tasks)
     lines.append(f'the harness alone (requests scored 0): {time.perf_counter() - started:.2f} s')
     for order in ('tottime', 'cumulative'):
         text = io.StringIO()
