@@ -33,6 +33,10 @@
 #                                               compiled-loss and matched of the recorded runs equal ours since 25bbbba;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
+#   bash benchmarks/gpu.sh learning-2gpu [SEED]  2 GPUs: the row ours on 1 GPU, then ours-2gpu on 2 (the same global
+#                                               batch), both from SEED's (1) shared weights on the same tokens
+#                                               (CORPUS_MB, here 16: the one-GPU references' since 53d922a); their
+#                                               windows side by side (--versus ours-2gpu:ours)
 #   bash benchmarks/gpu.sh downstream [ARGS]    one GPU: scripts/bench_downstream.py (1B trained 200 batches on the
 #                                               learning corpus, a 1,000-question HellaSwag-like task scored in the
 #                                               loop every 100, then by the harness's HF backend on the to-hf export).
@@ -201,13 +205,14 @@ declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=g
 
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row; shift
+  local name="learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*")"
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
     --corpus-mb "${CORPUS_MB:-40}" \
     --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
-    --json "$OUT/learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*").json" --versus ours:torchtitan "${rows[@]}" \
-    2>&1 | tee "$OUT/learning.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
+    --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
+    2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
 }
 
 bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only
@@ -272,6 +277,13 @@ case "${1:-}" in
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
+  learning-2gpu)
+    seed=${2:-1}
+    export SHARED_INIT=ours CORPUS_MB=${CORPUS_MB:-16}
+    learning "$seed" ours && LEARNING_GPUS=2 learning "$seed" ours-2gpu || exit 1
+    python3 scripts/bench_learning.py --report "$OUT/learning-${STEPS:-500}-$seed-ours.json" \
+      "$OUT/learning-${STEPS:-500}-$seed-ours-2gpu.json" --versus ours-2gpu:ours \
+      --json "$OUT/learning-${STEPS:-500}-$seed-1gpu-2gpu.json" ;;
   downstream)
     shift
     TORCH_LOGS=recompiles python3 scripts/bench_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |
