@@ -203,9 +203,13 @@ declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=g
                   [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
                   [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
 
+learning_name() {  # seeds rows...: the file name (no extension) of a learning call's JSON and log
+  local seeds=$1; shift
+  echo "learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*")"
+}
+
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
-  local seeds=$1 rows=() row; shift
-  local name="learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*")"
+  local seeds=$1 rows=() row name=$(learning_name "$@"); shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
     --corpus-mb "${CORPUS_MB:-40}" \
@@ -281,9 +285,9 @@ case "${1:-}" in
     seed=${2:-1}
     export SHARED_INIT=ours CORPUS_MB=${CORPUS_MB:-16}
     learning "$seed" ours && LEARNING_GPUS=2 learning "$seed" ours-2gpu || exit 1
-    python3 scripts/bench_learning.py --report "$OUT/learning-${STEPS:-500}-$seed-ours.json" \
-      "$OUT/learning-${STEPS:-500}-$seed-ours-2gpu.json" --versus ours-2gpu:ours \
-      --json "$OUT/learning-${STEPS:-500}-$seed-1gpu-2gpu.json" ;;
+    python3 scripts/bench_learning.py --report "$OUT/$(learning_name "$seed" ours).json" \
+      "$OUT/$(learning_name "$seed" ours-2gpu).json" --versus ours-2gpu:ours \
+      --json "$OUT/$(learning_name "$seed" 1gpu 2gpu).json" ;;
   downstream)
     shift
     TORCH_LOGS=recompiles python3 scripts/bench_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |

@@ -89,17 +89,20 @@ def print_report(report: dict) -> None:
             f"{metric(ours['metrics'], 'acc'):>8.4f}{metric(ours['metrics'], 'acc_norm'):>10.4f}"
             if batch == report['batches'] else ''))
     for run in report['hf']:
-        d = run['loglikelihood_differences']
-        print(f"{'hf batch ' + run['batch_size']:<22}{run['seconds']:>9.2f}{metric(run['metrics'], 'acc'):>8.4f}"
-              f"{metric(run['metrics'], 'acc_norm'):>10.4f}{run['ours_speedup']:>12.2f}x"
-              f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
+        print(scored_again_line('hf batch ' + run['batch_size'], run, f"{run['ours_speedup']:.2f}x"))
     if 'rescored' in report:
-        again, d = report['rescored'], report['rescored']['loglikelihood_differences']
-        print(f"{'ours, 1 process':<22}{again['seconds']:>9.2f}{metric(again['metrics'], 'acc'):>8.4f}"
-              f"{metric(again['metrics'], 'acc_norm'):>10.4f}{'':>13}{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}"
-              f"{d['questions_picked_differently']:>14}")
+        print(scored_again_line('ours, 1 process', report['rescored']))
     print(f"an evaluation every 1,000 batches: {100 * ours['share_of_1000_batches']:.2f} % of the run "
           f"(training at {ours['tokens_per_second']:,.0f} tokens/s a GPU)")
+
+
+def scored_again_line(name: str, run: dict, faster: str = '') -> str:
+    """A row of the weights scored again outside the loop (the HF backend's, or ours in one process): its seconds,
+    metrics, how much faster ours is (where given) and its log-likelihoods' differences from the in-loop ones."""
+    metric = lambda key: run['metrics'][f'metrics/downstream/{TASK}/{key}']
+    d = run['loglikelihood_differences']
+    return (f"{name:<22}{run['seconds']:>9.2f}{metric('acc'):>8.4f}{metric('acc_norm'):>10.4f}{faster:>13}"
+            f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
 
 
 def metric_differences(report: dict, other: dict) -> dict:
