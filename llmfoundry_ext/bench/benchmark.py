@@ -68,8 +68,9 @@ class Row:
 
 
 class StepTimer(Callback):
-    """Mean step time over the batches after ``warmup``, synchronising only at the window's two ends (a sync
-    every step would idle the GPU while the CPU queues the next step), and the peak GPU memory in that window."""
+    """Mean step time over the batches after ``warmup``, and the peak GPU memory in that window. It synchronises at
+    the end of every batch from the warm-up's last (so the window ends when the GPU has finished), as torchtitan's
+    anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup
@@ -94,8 +95,9 @@ class StepTimer(Callback):
 
 class LossRecorder(Callback):
     """Every batch's training loss (over its micro-batches, weighted by their samples, as Composer logs it; its
-    ``state.loss`` at a batch's end is the last micro-batch's), and its gradients' norm before clipping where our
-    ``GradientClipping`` clips inside the optimizer, kept on the device until the run ends (no host sync per step)."""
+    ``state.loss`` at a batch's end is the last micro-batch's; over the ranks, as our Trainer logs it), and its
+    gradients' norm before clipping where our ``GradientClipping`` clips inside the optimizer, kept on the device
+    until the run ends (no host sync per step)."""
 
     def __init__(self):
         self.losses, self.grad_norms, self.micro_batches = [], [], []
@@ -113,7 +115,13 @@ class LossRecorder(Callback):
             self.grad_norms.append(clipping.last_norm.detach())
 
     def values(self) -> list[float]:
-        return torch.stack(self.losses).float().tolist() if self.losses else []
+        """Each batch's loss, the mean over the ranks (each rank's is its own samples', under context parallelism
+        its share of its group's: ``Trainer._train_batch``'s mean): one all-reduce, called on every rank."""
+        if not self.losses:
+            return []
+        losses = torch.stack(self.losses).float()
+        dist.all_reduce(losses)  # a no-op on one process
+        return (losses / dist.get_world_size()).tolist()
 
     def norms(self) -> list[float]:
         """One a batch, or none where no norm was kept."""

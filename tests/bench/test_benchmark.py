@@ -70,27 +70,36 @@ def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, mon
     assert (result['mfu'], result['peak_reserved_gib'], result['gpus']) == (0.5, 65.0, 2)
 
 
-@pytest.mark.timeout(600)
-def test_rows_run_on_two_processes_over_one_data_folder_and_write_json(tmp_path):
-    """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and
-    transformers' alike."""
-    out = tmp_path / 'bench.json'
-    small = 'max_seq_len=64 global_batch_size=2 precision=fp32 model.n_layers=2'
+def run_benchmark(tmp_path, processes: int, *rows: str) -> tuple[dict, str]:
+    """scripts/benchmark.py's ROWS (2 tokens-per-document synthetic data, 1 warm-up, 2 timed steps) on PROCESSES
+    CPU processes: its JSON and console."""
+    out = tmp_path / f'bench-{processes}.json'
+    row_args = [arg for row in rows for arg in ('--row', row)]
     run = subprocess.run(
-        [sys.executable, 'scripts/benchmark.py', '--gpus', '2', '--warmup', '1', '--steps', '2',
-         '--mean-document-tokens', '16', '--json', str(out), '--versus', 'masked:hf',
-         '--row', f'masked yamls/demo.yaml {small} data.document_masking=true',
-         '--row', f'hf hf:yamls/demo.yaml {small}'],
+        [sys.executable, 'scripts/benchmark.py', '--gpus', str(processes), '--warmup', '1', '--steps', '2',
+         '--mean-document-tokens', '16', '--json', str(out), *row_args, *(['--versus', 'masked:hf'] * (len(rows) > 1))],
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-2000:]
-    results = json.loads(out.read_text())
+    return json.loads(out.read_text()), run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_loss_and_write_json(tmp_path):
+    """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and
+    transformers' alike; the losses recorded are the whole global batch's: fp32, one process's on the same batches
+    (rank 0's own sample's, recorded until 2026-11-27, differed from the first batch on)."""
+    small = 'max_seq_len=64 global_batch_size=2 precision=fp32 model.n_layers=2'
+    masked_row = f'masked yamls/demo.yaml {small} data.document_masking=true'
+    results, printed = run_benchmark(tmp_path, 2, masked_row, f'hf hf:yamls/demo.yaml {small}')
     masked, hf = results['rows']
     assert (masked['name'], masked['model'], masked['document_masking'], masked['gpus']) == ('masked', 'ours', True, 2)
     assert (hf['name'], hf['model'], hf['gpus']) == ('hf', 'hf', 2)
     assert masked['tokens_per_second_per_gpu'] > 0 and masked['mfu'] is None
     assert len(masked['losses']) == len(hf['losses']) == 3 and all(loss > 0 for loss in masked['losses'])
     assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
-    assert '\nmasked ' in run.stdout
+    assert '\nmasked ' in printed
+    alone = run_benchmark(tmp_path, 1, masked_row)[0]['rows'][0]
+    assert masked['losses'] == pytest.approx(alone['losses'], abs=1e-5)
 
 
 @pytest.mark.parametrize('micro_batch', [2, 4])
