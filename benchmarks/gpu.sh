@@ -2,7 +2,9 @@
 # The GPU runs behind the README's performance table and the shipped-YAML checks, on a GPU machine with its own
 # torch: Composer, streaming, liger-kernel and torchao come as wheels (bash ../shared/tools/device-wheels.sh
 # torchao==0.17.0 fills .whl/), torchtitan from bash ../shared/anchors/prepare.sh (.anchors/). From the repo root:
-#   bash benchmarks/gpu.sh tests [pytest args]  make test-gpu on the GPUs present (args: instead of tests/)
+#   bash benchmarks/gpu.sh tests [pytest args]  make test-gpu on the GPUs present (args: instead of tests/; make splits
+#                                               them at spaces, so a -k expression goes in PYTEST_ADDOPTS='-k "a and
+#                                               not b"', or name the cases: 'path::test[id]')
 #   bash benchmarks/gpu.sh shipped              llama8b.yaml as shipped (data and global batch aside) and llama70b.yaml
 #                                               with 2 layers: 10 steps and a checkpoint, then the same command resumes
 #                                               to 20 (shipped-8b, shipped-70b: one of them)
