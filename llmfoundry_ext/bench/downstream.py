@@ -83,7 +83,6 @@ def print_report(report: dict) -> None:
     print(f"{report['device']} x {report['gpus']}, torch {report['torch']}: {report['task']['questions']} questions")
     print(f"{'row':<22}{'seconds':>9}{'acc':>8}{'acc_norm':>10}{'ours faster':>13}{'|dLL| max/mean':>17}"
           f"{'picks differ':>14}")
-    metric = lambda metrics, name: metrics[f'metrics/downstream/{TASK}/{name}']
     for batch, seconds in ours['evaluations']:
         print(f"{f'ours in-loop ba{batch}':<22}{seconds:>9.2f}" + (
             f"{metric(ours['metrics'], 'acc'):>8.4f}{metric(ours['metrics'], 'acc_norm'):>10.4f}"
@@ -96,12 +95,17 @@ def print_report(report: dict) -> None:
           f"(training at {ours['tokens_per_second']:,.0f} tokens/s a GPU)")
 
 
+def metric(metrics: dict, name: str) -> float:
+    """The task's metric ``name`` (acc, acc_norm) from a run's logged metrics."""
+    return metrics[f'metrics/downstream/{TASK}/{name}']
+
+
 def scored_again_line(name: str, run: dict, faster: str = '') -> str:
     """A row of the weights scored again outside the loop (the HF backend's, or ours in one process): its seconds,
     metrics, how much faster ours is (where given) and its log-likelihoods' differences from the in-loop ones."""
-    metric = lambda key: run['metrics'][f'metrics/downstream/{TASK}/{key}']
     d = run['loglikelihood_differences']
-    return (f"{name:<22}{run['seconds']:>9.2f}{metric('acc'):>8.4f}{metric('acc_norm'):>10.4f}{faster:>13}"
+    return (f"{name:<22}{run['seconds']:>9.2f}{metric(run['metrics'], 'acc'):>8.4f}"
+            f"{metric(run['metrics'], 'acc_norm'):>10.4f}{faster:>13}"
             f"{d['max_abs']:>9.4f}/{d['mean_abs']:.4f}{d['questions_picked_differently']:>14}")
 
 
