@@ -68,14 +68,15 @@ class Row:
 
 
 class StepTimer(Callback):
-    """Mean step time over the batches after ``warmup``, and the peak GPU memory in that window. It synchronises at
-    the end of every batch from the warm-up's last (so the window ends when the GPU has finished), as torchtitan's
-    anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step."""
+    """Each step's time over the batches after ``warmup``, and the peak GPU memory in that window. It synchronises
+    at the end of every batch from the warm-up's last (so each step ends when the GPU has finished), as torchtitan's
+    anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The steps one by one
+    tell a row slowed by a few stalls from one slow throughout."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup
         self.batches = 0
-        self.start = self.end = 0.0
+        self.ends = []  # perf_counter at the end of the warm-up's last batch and of each timed batch
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.batches += 1
@@ -83,14 +84,15 @@ class StepTimer(Callback):
             return
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        self.end = time.perf_counter()
-        if self.batches == self.warmup:
-            self.start = self.end
-            if torch.cuda.is_available():
-                torch.cuda.reset_peak_memory_stats()
+        self.ends.append(time.perf_counter())
+        if self.batches == self.warmup and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    def each_step_seconds(self) -> list[float]:
+        return [end - start for start, end in zip(self.ends, self.ends[1:])]
 
     def step_seconds(self) -> float:
-        return (self.end - self.start) / (self.batches - self.warmup)
+        return (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1)
 
 
 class LossRecorder(Callback):
@@ -189,7 +191,8 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     return {
         'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
         'gpus': dist.get_world_size(), 'device': torch.cuda.get_device_name() if on_gpu else 'cpu',
-        'torch': torch.__version__, 'step_seconds': seconds, 'tokens_per_second_per_gpu': tokens_per_gpu,
+        'torch': torch.__version__, 'step_seconds': seconds, 'each_step_seconds': timer.each_step_seconds(),
+        'tokens_per_second_per_gpu': tokens_per_gpu,
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,

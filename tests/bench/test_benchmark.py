@@ -44,6 +44,17 @@ def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
         'broken                     / titan                             -']
 
 
+def test_step_timer_gives_each_step_after_the_warm_up_and_their_mean(monkeypatch):
+    """Warm-up 2 of 5 batches: the clock is read at the end of batches 2-5, the steps are 3-5."""
+    clock = iter([10.0, 10.5, 11.25, 12.0])
+    monkeypatch.setattr(benchmark.time, 'perf_counter', lambda: next(clock))
+    timer = benchmark.StepTimer(warmup=2)
+    for _ in range(5):
+        timer.batch_end(None, None)
+    assert timer.each_step_seconds() == [0.5, 0.75, 0.75]
+    assert timer.step_seconds() == pytest.approx(2 / 3)
+
+
 FAKE_TORCHTITAN = """
 import json, os, sys
 steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s, 'loss': 10.0 / s}
@@ -95,6 +106,8 @@ def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_
     assert (masked['name'], masked['model'], masked['document_masking'], masked['gpus']) == ('masked', 'ours', True, 2)
     assert (hf['name'], hf['model'], hf['gpus']) == ('hf', 'hf', 2)
     assert masked['tokens_per_second_per_gpu'] > 0 and masked['mfu'] is None
+    assert len(masked['each_step_seconds']) == 2
+    assert sum(masked['each_step_seconds']) / 2 == pytest.approx(masked['step_seconds'])
     assert len(masked['losses']) == len(hf['losses']) == 3 and all(loss > 0 for loss in masked['losses'])
     assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
     assert '\nmasked ' in printed
