@@ -22,7 +22,9 @@
 #                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
-#                                               float8: AC none / selective / full, float8 without AC; default all)
+#                                               float8: AC none / selective / full, float8 without AC; default all);
+#                                               REPEATS=3 runs the modes three times over (ours' launches part by up
+#                                               to 5.5 %: two_gpu_2xh200_7579c4b)
 #   bash benchmarks/gpu.sh bench-mixtral [LAYERS] [LOCAL]  Mixtral-8x7B width (LAYERS layers, default 3) at 4,096
 #                                               tokens, LOCAL samples per GPU a step (default 4, the YAML's) in
 #                                               micro-batches of 1, no AC: ours beside transformers'
@@ -221,11 +223,16 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
 }
 
-bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only
-  local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" rows=() mode
-  for mode in $*; do
-    rows+=(--row "ours-$mode $y $b ${OURS[$mode]}" --row "titan-$mode torchtitan:${TITAN[$mode]} FLAVOR=8B LBS=1"
-           --versus "ours-$mode:titan-$mode")
+bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only, all
+  # the modes REPEATS times (default 1; rows named MODE-I when more)
+  local y=yamls/llama8b.yaml b="global_batch_size=$GPUS" rows=() mode name i repeats=${REPEATS:-1}
+  for i in $(seq "$repeats"); do
+    for mode in $*; do
+      name=$mode
+      [ "$repeats" -gt 1 ] && name=$mode-$i
+      rows+=(--row "ours-$name $y $b ${OURS[$mode]}" --row "titan-$name torchtitan:${TITAN[$mode]} FLAVOR=8B LBS=1"
+             --versus "ours-$name:titan-$name")
+    done
   done
   local modes="$*"
   python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
