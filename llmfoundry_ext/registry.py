@@ -1,6 +1,6 @@
 """YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours
 (gradient_clipping: Composer's, folded into a fused optimizer's step; speed_monitor and tensorboard: Composer's,
-without a host sync a batch).
+without a host sync a batch; garbage_collection: Python's collection at batch boundaries, which Composer has not).
 
 A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
 misspelt name or argument is one line naming it and the nearest valid choice.
@@ -10,6 +10,7 @@ import inspect
 import torch
 from composer import algorithms, callbacks, loggers, optim
 
+from llmfoundry_ext.callbacks.garbage_collection import GarbageCollection
 from llmfoundry_ext.callbacks.sample_ledger import SampleLedger
 from llmfoundry_ext.callbacks.speed_monitor import SpeedMonitor
 from llmfoundry_ext.callbacks.step_monitor import StepMonitor
@@ -35,6 +36,7 @@ CALLBACKS = {
     'stop_after': StopAfter,
     'sample_ledger': SampleLedger,
     'step_monitor': StepMonitor,
+    'garbage_collection': GarbageCollection,
 }
 ALGORITHMS = {
     'gradient_clipping': GradientClipping,
