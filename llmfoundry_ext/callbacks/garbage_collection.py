@@ -1,8 +1,8 @@
 """Python's garbage collection at batch boundaries instead of whenever allocations cross its threshold.
 
 An automatic collection can start mid-step on one rank and not on the others, which then wait for it at the next
-collective; its pause grows with the heap (a process that has just compiled holds far more objects than one that
-loaded the same kernels from Inductor's cache). torchtitan (``training.gc_freq``, 50), OLMo-core and llm-foundry
+collective; its pause grows with the heap (a process that has just compiled may hold more objects than one that
+loaded the same kernels from Inductor's cache: not measured). torchtitan (``training.gc_freq``, 50), OLMo-core and llm-foundry
 (``ScheduledGarbageCollector``) switch it off while training and collect on a schedule; Composer has no such callback,
 hence this one.
 """
