@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -365,13 +365,20 @@ def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch
     return model, harness_tokenizer(tokenizer), config.max_seq_len
 
 
-def join_launched_processes(on_gpu: bool) -> torch.device:
-    """The launcher's process group (NCCL on GPUs, gloo on the CPU); this process's device."""
+@contextlib.contextmanager
+def launched_processes(on_gpu: bool) -> Iterator[torch.device]:
+    """The launcher's process group (NCCL on GPUs, gloo on the CPU) while inside; this process's device. Destroyed on
+    the way out, before the interpreter's teardown: there a gloo worker thread still holding a collective's tensors
+    needs the GIL and aborts the process (SIGABRT, pytorch/pytorch#179291; one rank of 2 under torch 2.15 in CI)."""
     dist.init_process_group('nccl' if on_gpu else 'gloo')
-    if not on_gpu:
-        return torch.device('cpu')
-    torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
-    return torch.device('cuda', torch.cuda.current_device())
+    try:
+        if on_gpu:
+            torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
+            yield torch.device('cuda', torch.cuda.current_device())
+        else:
+            yield torch.device('cpu')
+    finally:
+        dist.destroy_process_group()
 
 
 def shard_over_processes(model: torch.nn.Module) -> None:
@@ -406,16 +413,15 @@ def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: f
     except (ConfigError, CheckpointError) as error:
         print(f'error: {error}', file=sys.stderr)
         return 2
-    on_gpu = device.startswith('cuda')
-    place = torch.device(device)
-    if world_size() > 1:
-        place = join_launched_processes(on_gpu)
-        shard_over_processes(model.to(place))
-    harness = HarnessModel(model.to(place), harness_tokens, max_length, batch_tokens, place,
-                           getattr(torch, dtype) if on_gpu and dtype != 'float32' else None)
-    results = run_tasks(harness, loaded, limit if limit is None or limit < 1 else int(limit), num_fewshot)
-    if results is not None:  # rank 0: the harness gathered the results there
-        report_results(results, json_path)
+    on_gpu, launched = device.startswith('cuda'), world_size() > 1
+    with launched_processes(on_gpu) if launched else contextlib.nullcontext(torch.device(device)) as place:
+        if launched:
+            shard_over_processes(model.to(place))
+        harness = HarnessModel(model.to(place), harness_tokens, max_length, batch_tokens, place,
+                               getattr(torch, dtype) if on_gpu and dtype != 'float32' else None)
+        results = run_tasks(harness, loaded, limit if limit is None or limit < 1 else int(limit), num_fewshot)
+        if results is not None:  # rank 0: the harness gathered the results there
+            report_results(results, json_path)
     return 0
 
 
