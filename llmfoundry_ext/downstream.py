@@ -369,7 +369,8 @@ def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch
 def launched_processes(on_gpu: bool) -> Iterator[torch.device]:
     """The launcher's process group (NCCL on GPUs, gloo on the CPU) while inside; this process's device. Destroyed on
     the way out, before the interpreter's teardown: there a gloo worker thread still holding a collective's tensors
-    needs the GIL and aborts the process (SIGABRT, pytorch/pytorch#179291; one rank of 2 under torch 2.15 in CI)."""
+    can need the GIL and abort the process (SIGABRT, pytorch/pytorch#179291). Not the cure of the rare abort (-6) of
+    one rank of 2 under torch 2.15: 1 in 88 runs with this on a 2-core machine, cause unknown."""
     dist.init_process_group('nccl' if on_gpu else 'gloo')
     try:
         if on_gpu:
