@@ -2,9 +2,9 @@
 
 An automatic collection can start mid-step on one rank and not on the others, which then wait for it at the next
 collective; its pause grows with the heap (a process that has just compiled may hold more objects than one that
-loaded the same kernels from Inductor's cache: not measured). torchtitan (``training.gc_freq``, 50), OLMo-core and llm-foundry
-(``ScheduledGarbageCollector``) switch it off while training and collect on a schedule; Composer has no such callback,
-hence this one.
+loaded the same kernels from Inductor's cache: not measured). torchtitan (``training.gc_freq``, 50), OLMo-core and
+llm-foundry (``ScheduledGarbageCollector``) switch it off while training and collect on a schedule; Composer has no
+such callback, hence this one.
 """
 import gc
 
