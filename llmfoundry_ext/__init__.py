@@ -1,6 +1,8 @@
 """llmfoundry_ext: YAML-driven Llama pretraining on Composer and mosaicml-streaming."""
 import os
 
+from llmfoundry_ext import startup
+
 ALLOCATOR_SETTINGS = ('PYTORCH_ALLOC_CONF', 'PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_HIP_ALLOC_CONF')
 
 
@@ -15,3 +17,4 @@ def use_expandable_segments() -> None:
 
 
 use_expandable_segments()
+startup.install()

@@ -43,6 +43,32 @@ def shared_memory_prefixes_without_races():
     dataset.get_shm_prefix = original
 
 
+TRAINER_IMPORT = """
+import builtins, json, os, sys
+real_import, allocator = builtins.__import__, []
+def spy(name, *args, **kwargs):
+    if name == 'torch' and 'torch' not in sys.modules:
+        allocator.append(os.environ.get('PYTORCH_ALLOC_CONF'))
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = spy
+import llmfoundry_ext.train
+print(json.dumps({'allocator_when_torch_imported': allocator, 'modules': sorted(sys.modules)}))
+"""
+
+
+@pytest.fixture(scope='session')
+def trainer_import() -> dict:
+    """What ``import llmfoundry_ext.train`` does in a fresh interpreter without allocator settings of the user's (as
+    ``train.py`` starts): the allocator setting when torch was first imported, and every module loaded. One process
+    for all the tests that read it (an interpreter importing the trainer costs ~6 s of CPU)."""
+    import json
+    import subprocess
+    env = {name: value for name, value in os.environ.items() if not name.endswith('ALLOC_CONF')}
+    out = subprocess.run([sys.executable, '-c', TRAINER_IMPORT], cwd=REPO, env=env, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout)
+
+
 def random_windows(count: int, window: int, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
     return [rng.integers(2, vocab, window, dtype=np.uint32) for _ in range(count)]

@@ -1,10 +1,8 @@
 """Training end to end: order-change warnings, eval, Mixtral's logged loss parts, masked LM, the parallel layout of a
 launch (kill -9 and autoresume: tests/bench/test_chaos.py)."""
-import json
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -39,32 +37,16 @@ def test_the_allocator_grows_its_segments_unless_the_user_set_it_up(users, monke
     assert settings == (users or {'PYTORCH_ALLOC_CONF': 'expandable_segments:True'})
 
 
-def test_the_allocator_is_set_up_before_torch_is_imported():
+def test_the_allocator_is_set_up_before_torch_is_imported(trainer_import):
     """PyTorch reads its allocator settings when imported: importing the trainer (as ``train.py`` does) sets them
     before the first import of torch."""
-    script = """
-import builtins, os, sys
-real_import, seen = builtins.__import__, []
-def spy(name, *args, **kwargs):
-    if name == 'torch' and 'torch' not in sys.modules:
-        seen.append(os.environ.get('PYTORCH_ALLOC_CONF'))
-    return real_import(name, *args, **kwargs)
-builtins.__import__ = spy
-import llmfoundry_ext.train
-print(seen)
-"""
-    env = {name: value for name, value in os.environ.items() if not name.endswith('ALLOC_CONF')}
-    out = subprocess.run([sys.executable, '-c', script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['expandable_segments:True']"
+    assert trainer_import['allocator_when_torch_imported'] == ['expandable_segments:True']
 
 
-def test_a_training_run_imports_none_of_the_tools():
+def test_a_training_run_imports_none_of_the_tools(trainer_import):
     """What ``train.py`` imports holds no module of ``llmfoundry_ext.bench`` (the benchmarks, profiler, chaos trials,
     demo) and nothing of data_prep."""
-    script = ('import json, sys, llmfoundry_ext.train; '
-              'print(json.dumps(sorted(m for m in sys.modules if m.startswith(("llmfoundry_ext", "data_prep")))))')
-    out = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, check=True)
-    loaded = json.loads(out.stdout)
+    loaded = [name for name in trainer_import['modules'] if name.startswith(('llmfoundry_ext', 'data_prep'))]
     assert len(loaded) > 30 and 'llmfoundry_ext.trainer' in loaded
     assert [name for name in loaded if name.startswith(('llmfoundry_ext.bench', 'data_prep'))] == []
 
@@ -121,7 +103,6 @@ def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):
 
 
 LAYOUT_SCRIPT = """
-import sys
 from composer.utils import dist, get_device
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.preflight import prepare

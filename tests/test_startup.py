@@ -1,0 +1,39 @@
+"""Importing the trainer skips what no run uses, and each skipped package still works when asked for later; Composer's
+CPU name comes from /proc/cpuinfo, as py-cpuinfo gives it, without a subprocess."""
+import subprocess
+import sys
+
+import pytest
+
+# the heaviest packages each deferral keeps out (torchmetrics' text metrics: sklearn via transformers' AutoModel;
+# its plots: matplotlib; its audio: scipy; Composer's PEFT and MosaicML-platform integrations: peft, prompt_toolkit)
+SKIPPED = ('matplotlib', 'peft', 'prompt_toolkit', 'scipy', 'sklearn')
+
+
+def test_the_trainer_imports_none_of_the_skipped_packages(trainer_import):
+    assert [name for name in trainer_import['modules'] if name.split('.')[0] in SKIPPED] == []
+    assert 'mcli' in trainer_import['modules']  # loaded on first use: Composer's MosaicML logger holds it
+
+
+def test_each_skipped_package_works_when_used():
+    import composer.loggers.mosaicml_logger
+    import composer.models.huggingface
+    import torchmetrics.utilities.imports
+
+    from llmfoundry_ext.startup import StartupFinder
+    assert isinstance(sys.meta_path[0], StartupFinder)
+    assert composer.loggers.mosaicml_logger.mcli.get_run.__name__ == 'get_run'
+    assert composer.models.huggingface.peft_installed is False
+    assert not torchmetrics.utilities.imports._TRANSFORMERS_GREATER_EQUAL_4_4
+    import scipy.signal
+    from transformers import AutoModel
+    assert scipy.signal.windows.hamming(3).tolist() == pytest.approx([0.08, 1.0, 0.08])
+    assert AutoModel.__name__ == 'AutoModel'
+
+
+def test_composer_reads_the_cpu_name_without_a_subprocess(monkeypatch):
+    import cpuinfo
+    from composer.utils import collect_env
+    expected = cpuinfo.get_cpu_info()['brand_raw']
+    monkeypatch.setattr(subprocess, 'Popen', None)  # any subprocess would fail
+    assert collect_env.get_cpu_model() == expected
