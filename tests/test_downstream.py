@@ -24,12 +24,13 @@ from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.checkpoint import export_to_hf
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.downstream import HarnessModel, model_input, shared_contexts, token_batches
+from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train
 from llmfoundry_ext.weights import load_weights_folder, load_into
 from scripts.evaluate import main as evaluate_main
-from tests.conftest import COMPOSER, REPO, change, changes, config_error, write_yaml
+from tests.conftest import REPO, change, changes, config_error, write_yaml
 
 CHOICE_TASK = """task: arithmetic_choice
 dataset_path: json
@@ -180,7 +181,7 @@ def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(
                           '--batch-tokens', '300', '--json', str(tmp_path / 'evaluate.json')]) == 0
     assert_same_scores(json.loads((tmp_path / 'evaluate.json').read_text()), theirs)
     two_processes = subprocess.run(
-        [COMPOSER, '-n', '2', os.path.join(REPO, 'scripts', 'evaluate.py'), trained, '--tasks', 'arithmetic_choice',
+        [*LAUNCHER, '-n', '2', os.path.join(REPO, 'scripts', 'evaluate.py'), trained, '--tasks', 'arithmetic_choice',
          'last_word', '--include', tasks_folder, '--batch-tokens', '300', '--json', str(tmp_path / 'evaluate2.json')],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert two_processes.returncode == 0, two_processes.stderr[-2000:]
@@ -379,7 +380,7 @@ def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_f
     for processes in (1, 2):
         folder = tmp_path / f'{processes}'
         yaml = write_yaml(run_in(texts_config, folder, downstream), tmp_path / f'{processes}.yaml')
-        run = subprocess.run([COMPOSER, '-n', str(processes), 'train.py', yaml], cwd=REPO, capture_output=True,
+        run = subprocess.run([*LAUNCHER, '-n', str(processes), 'train.py', yaml], cwd=REPO, capture_output=True,
                              text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
         assert run.returncode == 0, run.stderr[-3000:]
         metrics[processes] = [in_loop(folder, batch) for batch in (50, 100)]
@@ -416,7 +417,7 @@ def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_eva
     (hooks / 'sitecustomize.py').write_text(STALLED_EVALUATION)
     evaluating = tmp_path / 'evaluating'
     env = {**os.environ, 'OMP_NUM_THREADS': '1', 'EVALUATING': str(evaluating)}
-    command = [COMPOSER, '-n', '1', 'train.py', yaml]
+    command = [*LAUNCHER, '-n', '1', 'train.py', yaml]
     with open(tmp_path / 'killed.log', 'w') as log:
         run = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                env={**env, 'PYTHONPATH': os.pathsep.join([str(hooks), REPO])})

@@ -36,6 +36,7 @@ from llmfoundry_ext.bench import REPO
 from llmfoundry_ext.bench.gpu_clocks import GpuSampler, format_clocks
 from llmfoundry_ext.bench.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
+from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
 from llmfoundry_ext.weights import family_of
 from llmfoundry_ext.train import train
@@ -217,10 +218,10 @@ def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: s
 def run_ours(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
     """An ours or hf row under ``composer -n GPUS``: rank 0's figures, or the exit status."""
     out = os.path.join(folder, 'result.json')
-    command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), script, '--worker',
+    command = [*LAUNCHER, '-n', str(gpus), script, '--worker',
                row.text(), '--worker-yaml', prepare_yaml(row, folder),
                '--warmup', str(warmup), '--steps', str(steps), '--json', out]
-    print(f'--- {row.name}: {shlex.join(command[3:])}', flush=True)
+    print(f'--- {row.name}: {shlex.join(command[len(LAUNCHER):])}', flush=True)
     result = subprocess.run(command, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
     if result.returncode != 0 or not os.path.isfile(out):
         return {'name': row.name, 'model': row.model, 'error': f'exit status {result.returncode}'}

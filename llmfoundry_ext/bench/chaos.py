@@ -12,7 +12,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ import numpy as np
 from llmfoundry_ext.bench import REPO
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.data.mds import write_mds
+from llmfoundry_ext.launch import LAUNCHER
 
 BATCHES, SAVE_EVERY, RANKS = 24, 3, 2
 SLOW_WRITES = '''
@@ -80,7 +80,8 @@ def write_streams(folder: str) -> dict[str, str]:
 
 
 class Runner:
-    """Launches ``composer -n <processes> train.py <yaml> run_name=<name>`` in its own process group, logs appended."""
+    """Launches ``composer -n <processes> train.py <yaml> run_name=<name>`` (``launch.LAUNCHER``) in its own process
+    group, logs appended."""
 
     def __init__(self, folder: str, yaml_path: str, write_delay: float):
         self.folder, self.yaml_path = folder, yaml_path
@@ -92,12 +93,10 @@ class Runner:
         self.write_delay = write_delay
         self.env = {**os.environ, 'OMP_NUM_THREADS': '1',
                     'PYTHONPATH': os.pathsep.join([hooks, REPO, os.environ.get('PYTHONPATH', '')])}
-        launcher = os.path.join(os.path.dirname(sys.executable), 'composer')
-        self.composer = launcher if os.path.exists(launcher) else 'composer'
 
     def start(self, name: str, slow_writes: bool = False, processes: int = RANKS) -> subprocess.Popen:
         log = open(os.path.join(self.folder, f'{name}.log'), 'a')
-        return subprocess.Popen([self.composer, '-n', str(processes), 'train.py', self.yaml_path, f'run_name={name}'],
+        return subprocess.Popen([*LAUNCHER, '-n', str(processes), 'train.py', self.yaml_path, f'run_name={name}'],
                                 cwd=self.repo, stdout=log, stderr=subprocess.STDOUT,
                                 env={**self.env, 'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
                                 start_new_session=True)

@@ -16,6 +16,7 @@ from llmfoundry_ext.bench.benchmark import Row
 from llmfoundry_ext.bench import REPO
 from llmfoundry_ext.bench.learning import Hyper, our_run_yaml, write_shared_init
 from llmfoundry_ext.downstream import HarnessModel, load_tasks, metrics_of, model_from_weights, run_tasks
+from llmfoundry_ext.launch import LAUNCHER
 
 TASK = 'hellaswag_like'
 SEED = 1
@@ -148,8 +149,8 @@ def run_yaml(args, data: dict, task: dict, folder: str) -> str:
 def train(yaml: str, log_path: str, gpus: int) -> dict:
     """``composer -n gpus train.py`` on the YAML; each in-loop evaluation's (batch, seconds) and the last logged
     tokens/s (a GPU)."""
-    command = [sys.executable, '-m', 'composer.cli.launcher', '-n', str(gpus), os.path.join(REPO, 'train.py'), yaml]
-    print('--- ours:', ' '.join(command[3:]), flush=True)
+    command = [*LAUNCHER, '-n', str(gpus), os.path.join(REPO, 'train.py'), yaml]
+    print('--- ours:', ' '.join(command[len(LAUNCHER):]), flush=True)
     with open(log_path, 'w') as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
     text = open(log_path).read()
