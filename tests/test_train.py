@@ -104,6 +104,7 @@ def test_masked_lm_trains_on_masked_positions_only(tiny_config, tmp_path):
 
 
 LAYOUT_SCRIPT = """
+import sys
 from composer.utils import dist, get_device
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.preflight import prepare
