@@ -22,8 +22,13 @@ $(INSTALLED): setup.py overrides.txt
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)
 	$(RUN) $(BIN)/python scripts/demo.py
 
-test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU), two tests at a time (pytest-xdist)
-	$(RUN) $(BIN)/python -m pytest -q -n 2 tests
+# Two tests at a time (pytest-xdist), handed out a few at a time, the slow ones first (tests/conftest.py); the tests of
+# an xdist_group run on one worker (a module fixture that starts processes, once); the 15 slowest are listed at the
+# end, so a test that got slower shows.
+SUITE := -q -n 2 --dist loadgroup --durations 15 tests
+
+test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU)
+	$(RUN) $(BIN)/python -m pytest $(SUITE)
 
 # The same suite on the newest torch/torchvision pair the registry has (overrides-newest.txt), in a venv of its own;
 # CI runs both. A new release is picked up by a fresh venv (CI's, or after rm -r .venv-newest).
@@ -39,7 +44,7 @@ $(NEWEST_INSTALLED): setup.py overrides-newest.txt
 
 test-newest: $(NEWEST_INSTALLED)  ## the CPU suite on the newest torch (prints the versions it ran)
 	$(NEWEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	PATH=$(CURDIR)/$(NEWEST)/bin:$$PATH OMP_NUM_THREADS=1 $(NEWEST)/bin/python -m pytest -q -n 2 tests
+	PATH=$(CURDIR)/$(NEWEST)/bin:$$PATH OMP_NUM_THREADS=1 $(NEWEST)/bin/python -m pytest $(SUITE)
 
 # On the GPU machines, with their own torch and the carried wheels: make test-gpu TEST_PYTHON=python3
 TEST_PYTHON ?= $(BIN)/python

@@ -20,9 +20,13 @@ COMPOSER = shutil.which('composer', path=os.path.dirname(sys.executable)) or shu
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'gpu: needs a CUDA GPU (skipped without one)')
+    config.addinivalue_line('markers', 'slow: runs for tens of seconds (it starts processes): collected first')
 
 
 def pytest_collection_modifyitems(config, items):
+    """The slow tests first: ``make test``'s workers take a few tests at a time (--dist loadgroup), so they start the
+    long ones together and the short ones fill in, instead of one worker ending on a long test alone."""
+    items.sort(key=lambda item: 'slow' not in item.keywords)  # stable: collection order otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason='needs a CUDA GPU')

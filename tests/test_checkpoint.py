@@ -137,6 +137,7 @@ SOURCE = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vo
                      rope_theta=500000.0, rope_scaling_factor=8.0, rope_original_max_seq_len=16)
 
 
+@pytest.mark.slow
 def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tmp_path, capsys):
     """from-hf -> init_from -> 2-process FSDP2 run (lr 0: weights kept) -> sharded checkpoint -> to-hf."""
     source = hf_reference(tmp_path, SOURCE)

@@ -170,6 +170,7 @@ def assert_same_scores(ours: dict, theirs: dict) -> None:
             assert [ll for ll, _ in our_responses] == pytest.approx([ll for ll, _ in their_responses], abs=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(trained, tasks_folder, tmp_path):
     """Ours on the to-hf export and scripts/evaluate.py on the run's checkpoint, beside the harness's HF backend."""
@@ -239,6 +240,7 @@ def last_line(stderr: str) -> str:
     return stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder, tokenizer_folder, tmp_path,
                                                                     capsys):
     (tmp_path / 'lost.yaml').write_text(CHOICE_TASK.replace('arithmetic_choice', 'lost_data').format(
@@ -294,6 +296,7 @@ def test_local_tasks_load_without_indexing_the_harnesss_own_and_a_group_of_its_t
     assert managers == [False, True]
 
 
+@pytest.mark.slow
 def test_bad_downstream_sections_are_one_line_before_training(tiny_config, tmp_path, tasks_folder, tokenizer_folder,
                                                               monkeypatch):
     bare = tmp_path / 'bare-tokenizer'
@@ -345,6 +348,7 @@ def in_loop(folder, batch: int) -> dict[str, float]:
     return downstream_metrics(json.loads((folder / 'checkpoints' / 'downstream' / f'ba{batch}.json').read_text()))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_config, tasks_folder, tmp_path,
                                                                          capsys, monkeypatch):
@@ -372,6 +376,7 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
     assert f'  arithmetic_choice/acc by batch: {trail}' in output
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_folder, tmp_path):
     downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '50ba'}
@@ -403,6 +408,7 @@ def saved_batches(folder) -> list[int]:
     return sorted({int(match[1]) for name in os.listdir(folder) if (match := re.match(r'ep\d+-ba(\d+)', name))})
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_evaluates_as_the_uninterrupted(
         texts_config, tasks_folder, tmp_path):

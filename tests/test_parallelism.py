@@ -88,6 +88,7 @@ def test_each_mode_recomputes_what_it_should_and_changes_no_number(tiny_config, 
         assert torch.equal(grads[name], grad), name
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize('mode', ['full', 'selective', 'full_except_attention'])
 def test_compiled_blocks_with_checkpointing_match_eager(tiny_config, tmp_path, mode):
@@ -172,6 +173,7 @@ def test_blocks_compile_without_peak_memory_reordering_under_context_parallelism
     assert compiled == [{'options': options}] * TINY.n_layers
 
 
+@pytest.mark.slow
 def test_context_parallel_forward_equals_the_whole_sequence_on_the_cpu(tmp_path):
     """Two gloo processes, flex with packed documents (the CPU runs flex's forward, not its backward): the loss of the
     sequence split over both, each rank's token mean scaled by its share of the labels, equals the whole sequence's
@@ -213,6 +215,7 @@ def mean_losses(ledgers: dict[int, dict], batches) -> list[float]:
     return [sum(ledger[b]['loss'] for ledger in ledgers.values()) / len(ledgers) for b in batches]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_hsdp_on_four_processes_trains_as_fsdp_and_checkpoints_move_between_them(tiny_config, tmp_path):
     """gloo has no ReduceOp.AVG for the replicas' gradients: FSDP2 sums them and divides (parallelism.py)."""

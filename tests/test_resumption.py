@@ -20,6 +20,8 @@ from llmfoundry_ext.train import main, train
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import REPO, write_yaml
 
+pytestmark = pytest.mark.xdist_group('two_rank_run')  # the module's 2-process run once, on one of make test's workers
+
 
 @pytest.fixture(scope='module')
 def two_rank_run(tmp_path_factory, tiny_streams) -> str:

@@ -117,6 +117,7 @@ print(f'rank {dist.get_global_rank()}: {parallel_layout(trainer)}; block 1 {type
 """
 
 
+@pytest.mark.slow
 def test_replicate_degree_builds_an_hsdp_mesh(tiny_config, tmp_path):
     """The mesh and the per-block layout (training: tests/test_parallelism.py's HSDP 2 x 2)."""
     tiny_config['parallelism']['fsdp'].update(replicate_degree=2, activation_checkpointing='full', checkpoint_every=2)

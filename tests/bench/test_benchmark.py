@@ -93,6 +93,7 @@ def run_benchmark(tmp_path, processes: int, *args: str) -> tuple[dict, str]:
     return json.loads(out.read_text()), run.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_loss_and_write_json(tmp_path):
     """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and

@@ -16,6 +16,7 @@ from llmfoundry_ext.resumption import SEAL
 from tests.conftest import keep_checkpoints_up_to
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_processes_or_one(tmp_path):
     folder = str(tmp_path)

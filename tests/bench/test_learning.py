@@ -165,6 +165,7 @@ with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'w') as log:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_run_trains_each_row_on_each_seed_and_writes_the_table(learning_data, tmp_path, monkeypatch, capsys):
     script = tmp_path / 'run.sh'
@@ -196,6 +197,7 @@ enable = false
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(learning_data, tmp_path, monkeypatch):
     from safetensors.torch import load_file

@@ -43,6 +43,7 @@ def test_category_table_shares():
     assert rows[0]['top'] == ['aten::mm', 'aten::addmm']
 
 
+@pytest.mark.slow
 def test_profile_script_on_two_cpu_processes(tmp_path):
     """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports,
     each rank writes its trace."""
@@ -63,6 +64,7 @@ def test_profile_script_on_two_cpu_processes(tmp_path):
     assert sorted(e['name'] for e in rank1 if e['name'].startswith('ProfilerStep#')) == steps
 
 
+@pytest.mark.slow
 def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path):
     """--model hf trains transformers' LlamaForCausalLM of the YAML's shape (unsharded: one process); --python
     records the modules' frames, which name it."""

@@ -56,6 +56,7 @@ def registered_by_two_jobs(ours: bool) -> dict:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_jobs_starting_together_get_prefixes_of_their_own_where_streamings_collide():
     theirs = registered_by_two_jobs(ours=False)

@@ -1,4 +1,5 @@
 """LanguageModel's loss: the compiled cross-entropy (model.compile) gives the eager one's loss and gradients."""
+import pytest
 import torch
 
 from llmfoundry_ext.model.composer_model import LanguageModel
@@ -20,6 +21,7 @@ def loss_and_grads(compile_loss: bool):
     return loss.detach(), {name: p.grad for name, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_compiled_loss_matches_eager():
     expected_loss, expected_grads = loss_and_grads(compile_loss=False)
     loss, grads = loss_and_grads(compile_loss=True)

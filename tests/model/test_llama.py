@@ -157,6 +157,7 @@ def test_compiled_blocks_match_eager():
     torch.testing.assert_close(compiled(tokens), eager(tokens), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_flex_block_mask_matches_eager_on_the_cpu():
     """flex_attention (compiled, on the CPU here) with the document block mask: the same numbers as eager."""
     torch.manual_seed(0)
@@ -168,6 +169,7 @@ def test_flex_block_mask_matches_eager_on_the_cpu():
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_flex_model_matches_eager_model_with_and_without_documents():
     """The model builds flex's block mask once per forward, for packed documents and for plain causal rows.
     Forward only: torch 2.7's inductor cannot compile flex's backward on the CPU (the GPU tests cover it)."""

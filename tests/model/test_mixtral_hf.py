@@ -126,6 +126,7 @@ def test_init_from_of_another_family_is_a_config_error(tiny_config, tmp_path):
                                  f"model.family=mixtral")
 
 
+@pytest.mark.slow
 def test_from_hf_train_fsdp2_to_hf_reproduces_every_tensor(tiny_config, tmp_path, capsys):
     """from-hf -> init_from -> 2-process FSDP2 run (lr 0) -> sharded checkpoint -> to-hf: HF's tensors back."""
     transformers_model(tmp_path)

@@ -135,6 +135,7 @@ def wait_for(path, text: str, seconds: float) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own_shm, tmp_path):
     """2 nodes x 2 processes through launch.sh: kill -9 of node 1 stops node 0 within 60 s with one line naming
