@@ -29,8 +29,9 @@ ABSENT_WHILE_IMPORTING = {
     'transformers.utils.import_utils': ('sklearn',),
 }
 # torchmetrics' answers for its optional dependencies, read by its modules as they import
-TORCHMETRICS_FLAGS = ('_TRANSFORMERS_AVAILABLE', '_TRANSFORMERS_GREATER_EQUAL_4_4', '_TRANSFORMERS_GREATER_EQUAL_4_10',
-                      '_MATPLOTLIB_AVAILABLE', '_SCIPY_AVAILABLE', '_SCIPY_GREATER_EQUAL_1_8', '_SCIPI_AVAILABLE')
+TORCHMETRICS_FLAGS = ('_TRANSFORMERS_AVAILABLE', '_TRANSFORMERS_GREATER_EQUAL_4_4',
+                      '_TRANSFORMERS_GREATER_EQUAL_4_10', '_MATPLOTLIB_AVAILABLE', '_SCIPY_AVAILABLE',
+                      '_SCIPY_GREATER_EQUAL_1_8', '_SCIPI_AVAILABLE')
 LOADED_ON_FIRST_USE = ('mcli',)
 
 
@@ -48,7 +49,8 @@ def absent(packages) -> Iterator[None]:
 
 
 def torchmetrics_without_optional_dependencies(module) -> None:
-    """After ``torchmetrics.utilities.imports`` executes: its flags say transformers, matplotlib and SciPy are absent."""
+    """After ``torchmetrics.utilities.imports`` executes: its flags say transformers, matplotlib and SciPy are
+    absent."""
     for flag in TORCHMETRICS_FLAGS:
         setattr(module, flag, False)
 

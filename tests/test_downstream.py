@@ -27,7 +27,7 @@ from llmfoundry_ext.downstream import HarnessModel, model_input, shared_contexts
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.preflight import prepare
-from llmfoundry_ext.train import train
+from llmfoundry_ext.train import main as train_main, train
 from llmfoundry_ext.weights import load_weights_folder, load_into
 from scripts.evaluate import main as evaluate_main
 from tests.conftest import REPO, change, changes, config_error, write_yaml
@@ -379,16 +379,16 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_folder, tmp_path):
+    """One process in this one (what ``composer -n 1 train.py`` runs), two under the launcher."""
     downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '50ba'}
     texts_config.update(parallelism={'fsdp': {'state_dict_type': 'sharded'}}, max_duration='100ba')
-    metrics = {}
-    for processes in (1, 2):
-        folder = tmp_path / f'{processes}'
-        yaml = write_yaml(run_in(texts_config, folder, downstream), tmp_path / f'{processes}.yaml')
-        run = subprocess.run([*LAUNCHER, '-n', str(processes), 'train.py', yaml], cwd=REPO, capture_output=True,
-                             text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-        assert run.returncode == 0, run.stderr[-3000:]
-        metrics[processes] = [in_loop(folder, batch) for batch in (50, 100)]
+    yamls = {processes: write_yaml(run_in(texts_config, tmp_path / f'{processes}', downstream),
+                                   tmp_path / f'{processes}.yaml') for processes in (1, 2)}
+    train(prepare(yamls[1])).close()
+    run = subprocess.run([*LAUNCHER, '-n', '2', 'train.py', yamls[2]], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = {processes: [in_loop(tmp_path / f'{processes}', batch) for batch in (50, 100)] for processes in (1, 2)}
     print(metrics)
     for one, two in zip(metrics[1], metrics[2]):
         assert two == pytest.approx(one, rel=1e-4, abs=0)
@@ -411,10 +411,10 @@ def saved_batches(folder) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_evaluates_as_the_uninterrupted(
-        texts_config, tasks_folder, tmp_path):
+        texts_config, tasks_folder, tmp_path, capsys):
     """kill -9 inside the evaluation at batch 100 (before that batch's checkpoint: the evaluation runs at the batch's
-    end, Composer's checkpoint after it); the same command again resumes at batch 50 and both evaluations equal the
-    uninterrupted run's."""
+    end, Composer's checkpoint after it); the same command again (here, what ``train.py`` runs, in this process)
+    resumes at batch 50 and both evaluations equal the uninterrupted run's."""
     downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'whole', downstream), tmp_path / 'whole.yaml'))).close()
     yaml = write_yaml(run_in(texts_config, tmp_path / 'killed', downstream), tmp_path / 'killed.yaml')
@@ -434,10 +434,9 @@ def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_eva
         run.wait()
     checkpoints = tmp_path / 'killed' / 'checkpoints'
     assert evaluating.exists() and saved_batches(checkpoints) == [50], (tmp_path / 'killed.log').read_text()[-2000:]
-    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                           env={**env, 'PYTHONPATH': REPO})
-    assert again.returncode == 0, again.stderr[-2000:]
-    assert 'autoresume: resuming from the latest checkpoint at batch 50' in again.stdout
+    capsys.readouterr()
+    assert train_main([yaml]) == 0
+    assert 'autoresume: resuming from the latest checkpoint at batch 50' in capsys.readouterr().out
     assert saved_batches(checkpoints) == [50, 100, 150, 200]
     for batch in (100, 200):
         assert in_loop(tmp_path / 'killed', batch) == in_loop(tmp_path / 'whole', batch)

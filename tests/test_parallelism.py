@@ -3,6 +3,7 @@ as without it (eager and compiled), and the FSDP2 bf16 input cast that broke Com
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -192,23 +193,33 @@ def run_context_parallel_worker(tmp_path, *args) -> dict:
     return json.loads(out.read_text())
 
 
-def train_processes(config: dict, folder, processes: int, replicate: int, *overrides: str) -> dict[int, dict]:
-    """``composer -n processes train.py`` on ``config`` with checkpoints in ``folder`` (FSDP2, or HSDP with
-    ``replicate`` replicas); returns each rank's sample ledger."""
-    from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-
+def run_yaml(config: dict, folder, replicate: int) -> str:
+    """``config`` with checkpoints in ``folder`` (FSDP2, or HSDP with ``replicate`` replicas) and its sample ledger."""
     config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '3ba'},
               'callbacks': {'sample_ledger': {'folder': str(folder / 'ledger')}}, 'loggers': {}}
     config['parallelism'] = {'fsdp': {'state_dict_type': 'sharded', 'replicate_degree': replicate}}
     os.makedirs(folder, exist_ok=True)
-    run = subprocess.run([*LAUNCHER, '-n', str(processes), 'train.py', write_yaml(config, folder / 'run.yaml'),
-                          *overrides], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    return write_yaml(config, folder / 'run.yaml')
+
+
+def train_in_one_launch(config: dict, processes: int, runs: list[tuple]) -> list[dict[int, dict]]:
+    """One ``composer -n processes`` launch training each run of ``runs`` (folder, replicate, override...) in turn
+    (tests/training_runs_worker.py); each run's sample ledgers, rank -> ``read_ledger``'s."""
+    from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+
+    arguments = [shlex.join([run_yaml(config, folder, replicate), *overrides])
+                 for folder, replicate, *overrides in runs]
+    run = subprocess.run([*LAUNCHER, '-n', str(processes), 'tests/training_runs_worker.py', *arguments], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-3000:]
-    layout = f'HSDP {replicate} replicas x {processes // replicate} shards' if replicate > 1 else \
-        f'FSDP2 over {processes} ranks'
-    assert layout in run.stdout
-    return {rank: read_ledger(str(folder / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(processes)}
+    outputs = run.stdout.split('=== run ')[1:]
+    assert len(outputs) == len(runs)
+    for output, (_, replicate, *_) in zip(outputs, runs):
+        layout = f'HSDP {replicate} replicas x {processes // replicate} shards' if replicate > 1 else \
+            f'FSDP2 over {processes} ranks'
+        assert layout in output
+    return [{rank: read_ledger(str(folder / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(processes)}
+            for folder, *_ in runs]
 
 
 def mean_losses(ledgers: dict[int, dict], batches) -> list[float]:
@@ -218,25 +229,25 @@ def mean_losses(ledgers: dict[int, dict], batches) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_hsdp_on_four_processes_trains_as_fsdp_and_checkpoints_move_between_them(tiny_config, tmp_path):
-    """gloo has no ReduceOp.AVG for the replicas' gradients: FSDP2 sums them and divides (parallelism.py)."""
+    """gloo has no ReduceOp.AVG for the replicas' gradients: FSDP2 sums them and divides (parallelism.py). Three
+    launches: FSDP 4 and HSDP 2 x 2 to batch 3; HSDP's checkpoint at batch 3 resumed by FSDP 4, and FSDP 4's by HSDP
+    2 x 2; HSDP's by FSDP 2."""
     tiny_config.update(max_duration='6ba', global_batch_size=8)
-    fsdp4 = train_processes(tiny_config, tmp_path / 'fsdp4', 4, 1)
-    hsdp = train_processes(tiny_config, tmp_path / 'hsdp', 4, 2, 'callbacks.stop_after.batches=3')
+    fsdp4, hsdp = train_in_one_launch(tiny_config, 4, [(tmp_path / 'fsdp4', 1),
+                                                       (tmp_path / 'hsdp', 2, 'callbacks.stop_after.batches=3')])
     for rank in range(4):  # the same samples on each rank; losses to the order of the sums (fp32)
         assert [hsdp[rank][b]['sample_ids'] for b in (1, 2, 3)] == [fsdp4[rank][b]['sample_ids'] for b in (1, 2, 3)]
         assert [hsdp[rank][b]['loss'] for b in (1, 2, 3)] == pytest.approx(
             [fsdp4[rank][b]['loss'] for b in (1, 2, 3)], rel=1e-5, abs=0)
-    for name, processes, replicate in (('as-fsdp4', 4, 1), ('as-fsdp2', 2, 1)):  # HSDP's checkpoint at batch 3
+    for name in ('as-fsdp4', 'as-fsdp2'):  # HSDP's checkpoint at batch 3
         shutil.copytree(tmp_path / 'hsdp', tmp_path / name, symlinks=True)
         shutil.rmtree(tmp_path / name / 'ledger')
-        resumed = train_processes(tiny_config, tmp_path / name, processes, replicate)
-        assert [sorted(ledger) for ledger in resumed.values()] == [[4, 5, 6]] * processes  # resumed, not restarted
-        assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
-        assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
     shutil.copytree(tmp_path / 'fsdp4', tmp_path / 'to-hsdp', symlinks=True)  # FSDP 4 as if stopped at batch 3
     keep_checkpoints_up_to(tmp_path / 'to-hsdp' / 'checkpoints', 3)
     shutil.rmtree(tmp_path / 'to-hsdp' / 'ledger')
-    resumed = train_processes(tiny_config, tmp_path / 'to-hsdp', 4, 2)  # FSDP 4's checkpoint under HSDP 2 x 2
-    assert [sorted(ledger) for ledger in resumed.values()] == [[4, 5, 6]] * 4
-    assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
-    assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)
+    as_fsdp4, to_hsdp = train_in_one_launch(tiny_config, 4, [(tmp_path / 'as-fsdp4', 1), (tmp_path / 'to-hsdp', 2)])
+    as_fsdp2, = train_in_one_launch(tiny_config, 2, [(tmp_path / 'as-fsdp2', 1)])
+    for resumed, processes in ((as_fsdp4, 4), (as_fsdp2, 2), (to_hsdp, 4)):
+        assert [sorted(ledger) for ledger in resumed.values()] == [[4, 5, 6]] * processes  # resumed, not restarted
+        assert global_batches(resumed, (4, 5, 6)) == global_batches(fsdp4, (4, 5, 6))
+        assert mean_losses(resumed, (4, 5, 6)) == pytest.approx(mean_losses(fsdp4, (4, 5, 6)), rel=1e-5, abs=0)

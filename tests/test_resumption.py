@@ -20,12 +20,13 @@ from llmfoundry_ext.train import main, train
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import REPO, write_yaml
 
-pytestmark = pytest.mark.xdist_group('two_rank_run')  # the module's 2-process run once, on one of make test's workers
+pytestmark = pytest.mark.xdist_group('two_rank_run')  # the module's tests on one of make test's workers
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope='session')
 def two_rank_run(tmp_path_factory, tiny_streams) -> str:
-    """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10."""
+    """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10 (once a session: the
+    tests copy it; a module fixture ran again whenever the worker's next test was another module's)."""
     import yaml
     folder = tmp_path_factory.mktemp('run')
     config = {

@@ -18,7 +18,6 @@ import re
 import shlex
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field

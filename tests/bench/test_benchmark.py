@@ -1,15 +1,12 @@
 """The throughput benchmark: row parsing, the table and ratios, torchtitan rows, the synthetic documents, and real
 rows on two CPU processes."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from llmfoundry_ext.bench import benchmark
 from llmfoundry_ext.bench.benchmark import Row, comparisons, format_comparisons, format_table
-from tests.conftest import REPO
+from scripts.benchmark import main as benchmark_main
 
 
 def test_rows_name_their_model_in_the_source_not_the_name():
@@ -81,28 +78,27 @@ def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, mon
     assert (result['mfu'], result['peak_reserved_gib'], result['gpus']) == (0.5, 65.0, 2)
 
 
-def run_benchmark(tmp_path, processes: int, *args: str) -> tuple[dict, str]:
+def run_benchmark(capsys, tmp_path, processes: int, *args: str) -> tuple[dict, str]:
     """scripts/benchmark.py ARGS (its rows and pairs; documents of 16 tokens, 1 warm-up, 2 timed steps) on PROCESSES
-    CPU processes: its JSON and console."""
+    CPU processes: its JSON and console. Its main runs in this process, each row in processes of its own."""
     out = tmp_path / f'bench-{processes}.json'
-    run = subprocess.run(
-        [sys.executable, 'scripts/benchmark.py', '--gpus', str(processes), '--warmup', '1', '--steps', '2',
-         '--mean-document-tokens', '16', '--json', str(out), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    assert run.returncode == 0, run.stderr[-2000:]
-    return json.loads(out.read_text()), run.stdout
+    capsys.readouterr()
+    assert benchmark_main(['--gpus', str(processes), '--warmup', '1', '--steps', '2', '--mean-document-tokens', '16',
+                           '--json', str(out), *args]) == 0
+    return json.loads(out.read_text()), capsys.readouterr().out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_loss_and_write_json(tmp_path):
+def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_loss_and_write_json(tmp_path,
+                                                                                                    capsys):
     """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and
     transformers' alike; the losses recorded are the whole global batch's: fp32, one process's on the same batches
     (rank 0's own sample's, recorded until 2026-11-27, differed from the first batch on)."""
     small = 'max_seq_len=64 global_batch_size=2 precision=fp32 model.n_layers=2'
     masked_row = f'masked yamls/demo.yaml {small} data.document_masking=true'
-    results, printed = run_benchmark(tmp_path, 2, '--row', masked_row, '--row', f'hf hf:yamls/demo.yaml {small}',
-                                     '--versus', 'masked:hf')
+    results, printed = run_benchmark(capsys, tmp_path, 2, '--row', masked_row,
+                                     '--row', f'hf hf:yamls/demo.yaml {small}', '--versus', 'masked:hf')
     masked, hf = results['rows']
     assert (masked['name'], masked['model'], masked['document_masking'], masked['gpus']) == ('masked', 'ours', True, 2)
     assert (hf['name'], hf['model'], hf['gpus']) == ('hf', 'hf', 2)
@@ -112,7 +108,7 @@ def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_
     assert len(masked['losses']) == len(hf['losses']) == 3 and all(loss > 0 for loss in masked['losses'])
     assert results['versus'][0]['ratio'] == masked['tokens_per_second_per_gpu'] / hf['tokens_per_second_per_gpu']
     assert '\nmasked ' in printed
-    alone = run_benchmark(tmp_path, 1, '--row', masked_row)[0]['rows'][0]
+    alone = run_benchmark(capsys, tmp_path, 1, '--row', masked_row)[0]['rows'][0]
     assert masked['losses'] == pytest.approx(alone['losses'], abs=1e-5)
 
 

@@ -67,7 +67,7 @@ def test_launcher_outside_slurm_says_so():
 
 
 NODE_SHELL = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'  # each simulated node its own /dev/shm, as a real node has
-BATCHES, SAVE_EVERY = 16, 4
+BATCHES, SAVE_EVERY = 12, 4  # killed after batch SAVE_EVERY + 2: six batches before the job would end
 
 
 @pytest.fixture(scope='module')
@@ -147,8 +147,9 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own
     (stubs / 'scontrol').chmod(stat.S_IRWXU)
     job = Job(own_shm, f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", tmp_path, [
         f'variables.data_root={demo_data(tmp_path / "data")}', f'max_duration={BATCHES}ba', 'global_batch_size=8',
-        f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'log_interval=1ba', 'progress_bar=false',
-        'node_timeout_s=10', 'downstream=null'])  # each of the 20 processes' preflight would load the task (~8 s)
+        f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'eval_subset_num_batches=2',
+        'log_interval=1ba', 'progress_bar=false', 'node_timeout_s=10',
+        'downstream=null'])  # each of the 20 processes' preflight would load the task (~8 s)
     job.run('uninterrupted', 2, 2)
     expected = job.global_batches('uninterrupted', 4)
     assert [len(ids) for ids in expected] == [8] * BATCHES
