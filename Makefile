@@ -22,10 +22,9 @@ $(INSTALLED): setup.py overrides.txt
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)
 	$(RUN) $(BIN)/python scripts/demo.py
 
-# Two tests at a time (pytest-xdist), handed out a few at a time, the slow ones first (tests/conftest.py); the tests of
-# an xdist_group run on one worker (a module fixture that starts processes, once); the 15 slowest are listed at the
-# end, so a test that got slower shows.
-SUITE := -q -n 2 --dist loadgroup --durations 15 tests
+# Two tests at a time (pytest-xdist), handed out one by one (each worker holds two), the slow ones first
+# (tests/conftest.py); the 15 slowest are listed at the end, so a test that got slower shows.
+SUITE := -q -n 2 --maxschedchunk 1 --durations 15 tests
 
 test: $(INSTALLED)  ## the CPU suite (GPU tests are skipped without a GPU)
 	$(RUN) $(BIN)/python -m pytest $(SUITE)

@@ -13,7 +13,6 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from composer.core import Time
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -515,6 +514,7 @@ def check_downstream(config: TrainConfig) -> None:
 
 
 def check_duration(config: TrainConfig, key: str) -> None:
+    from composer.core import Time  # here alone: reading a config (scripts/evaluate.py) needs no Composer
     value = config
     for part in key.split('.'):
         value = getattr(value, part)

@@ -8,26 +8,20 @@ request (not to the model's context), the log-probabilities taken at the continu
 ranks each scores its share through the sharded model, and every rank runs the same number of forwards (FSDP2
 gathers each block's weights in a forward, with every rank taking part).
 
-During training (the YAML's ``downstream`` section) ``DownstreamEvaluation`` runs the harness every ``interval``
-batches: Composer's evaluators run a dataloader through the model's metrics, where a harness task is requests built
-from documents, scored and aggregated by the harness, so it is a callback around the harness's own evaluation.
+During training (the YAML's ``downstream`` section) ``callbacks/downstream_evaluation.py`` runs the harness every
+``interval`` batches; this module imports no Composer, so ``scripts/evaluate.py`` does not.
 """
 import contextlib
 import functools
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
-from composer.core import Callback, State
-from composer.loggers import Logger
-from tqdm import tqdm
 
-from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.checkpoint import read_checkpoint_weights
 from llmfoundry_ext.config import DownstreamConfig, world_size
 from llmfoundry_ext.errors import CheckpointError, ConfigError
@@ -437,49 +431,3 @@ def harness_tokenizer(folder: str | None):
         raise ConfigError(f'{folder}/tokenizer_config.json: names no eos_token; add it (the harness ends texts with '
                           f'it)')
     return tokenizer
-
-
-SECONDS = 'metrics/downstream/seconds'
-AUTOCAST = {'amp_bf16': torch.bfloat16, 'amp_fp8': torch.bfloat16, 'amp_fp16': torch.float16}
-
-
-class DownstreamEvaluation(Callback):
-    """Every ``every`` batches, each rank scores its share of the tasks through the (sharded) model; rank 0 logs the
-    harness's metrics as ``metrics/downstream/<task>/<metric>`` to every logger, prints them and, where the run saves
-    checkpoints, writes the harness's results as ``<results_folder>/ba<N>.json``."""
-
-    def __init__(self, config: DownstreamConfig, tasks: LoadedTasks, every: int, max_length: int, precision: str,
-                 results_folder: str | None):
-        self.config, self.tasks, self.every = config, tasks, every
-        self.max_length, self.autocast_dtype = max_length, AUTOCAST.get(precision)
-        self.results_folder = results_folder
-        self.history: list[tuple[int, dict[str, float], float]] = []  # rank 0: (batch, metrics, seconds) each time
-
-    def batch_end(self, state: State, logger: Logger) -> None:
-        batch = int(state.timestamp.batch)
-        if batch % self.every == 0:
-            self.evaluate(state, logger, batch)
-
-    def evaluate(self, state: State, logger: Logger, batch: int) -> None:
-        started = time.perf_counter()
-        model = state.model.model
-        model.eval()
-        harness = HarnessModel(model, self.tasks.tokenizer, self.max_length, self.config.batch_tokens,
-                               next(model.parameters()).device, self.autocast_dtype)
-        limit = self.config.limit
-        results = run_tasks(harness, self.tasks.tasks,
-                            int(limit) if limit is not None and limit >= 1 else limit, self.config.num_fewshot)
-        model.train()
-        if harness.rank != 0:  # the harness gathers the results on rank 0
-            return
-        seconds = time.perf_counter() - started
-        metrics = metrics_of(results)
-        logger.log_metrics({**metrics, SECONDS: seconds})
-        self.history.append((batch, metrics, seconds))
-        tqdm.write(f'downstream at batch {batch}  ' + '  '.join(
-            f"{name.removeprefix('metrics/downstream/')} {value:.4f}" for name, value in metrics.items())
-            + f'  ({seconds:.1f} s)')
-        if self.results_folder:
-            os.makedirs(self.results_folder, exist_ok=True)
-            write_atomically(os.path.join(self.results_folder, f'ba{batch}.json'), json.dumps(
-                {key: results[key] for key in ('results', 'samples', 'n-samples', 'configs')}, default=str))

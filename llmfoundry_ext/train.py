@@ -11,14 +11,14 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.callbacks.console_line import EVAL_LOSS, total_batches
-from llmfoundry_ext.downstream import DownstreamEvaluation
+from llmfoundry_ext.callbacks.downstream_evaluation import DownstreamEvaluation
 from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing, sharded_checkpoints
 from llmfoundry_ext.preflight import Run, prepare
-from llmfoundry_ext.resumption import prepare_autoresume_on_rank_zero
+from llmfoundry_ext.resumption import prepare_autoresume
 
 DIST_TIMEOUT_SECONDS = 300.0
 USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
@@ -91,6 +91,20 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
     if dist.get_global_rank() == 0:
         print(end_summary(config, trainer), flush=True)
     return trainer
+
+
+def prepare_autoresume_on_rank_zero(folder: str, sharded: bool) -> None:
+    """``prepare_autoresume`` on global rank 0, which prints its lines; every rank raises its error, if any."""
+    outcome = [None]
+    if dist.get_global_rank() == 0:
+        try:
+            for line in prepare_autoresume(folder, sharded):
+                print(line, flush=True)
+        except TrainingStopped as stop:
+            outcome = [str(stop)]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0]:
+        raise TrainingStopped(outcome[0])
 
 
 def write_resolved_config(config: TrainConfig) -> None:

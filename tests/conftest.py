@@ -24,8 +24,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first: ``make test``'s workers take a few tests at a time (--dist loadgroup), so they start the
-    long ones together and the short ones fill in, instead of one worker ending on a long test alone."""
+    """The slow tests first: ``make test``'s workers take tests one by one (--maxschedchunk 1), so they start the long
+    ones together and the short ones fill in, instead of one worker ending on a long test alone."""
     items.sort(key=lambda item: 'slow' not in item.keywords)  # stable: collection order otherwise
     if torch.cuda.is_available():
         return

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from composer.core import Callback
+from filelock import FileLock
 
 from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
@@ -20,20 +21,31 @@ from llmfoundry_ext.train import main, train
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import REPO, write_yaml
 
-pytestmark = pytest.mark.xdist_group('two_rank_run')  # the module's tests on one of make test's workers
-
-
 @pytest.fixture(scope='session')
-def two_rank_run(tmp_path_factory, tiny_streams) -> str:
-    """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10 (once a session: the
-    tests copy it; a module fixture ran again whenever the worker's next test was another module's)."""
+def two_rank_run(tmp_path_factory, tiny_streams, worker_id) -> str:
+    """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10, once a session: under
+    make test the first worker to need it runs it, holding a lock, in the folder the workers share, and the other
+    finds it there (pytest-xdist's recipe for a session fixture run once; the tests copy it)."""
+    if worker_id == 'master':  # not under xdist
+        return run_two_ranks(tmp_path_factory.mktemp('run'), tiny_streams['a'])
+    shared = tmp_path_factory.getbasetemp().parent
+    folder, done = shared / 'two_rank_run', shared / 'two_rank_run.done'
+    with FileLock(str(shared / 'two_rank_run.lock')):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a failed attempt's
+            folder.mkdir()
+            run_two_ranks(folder, tiny_streams['a'])
+            done.touch()
+    return str(folder / 'checkpoints')
+
+
+def run_two_ranks(folder, stream: str) -> str:
     import yaml
-    folder = tmp_path_factory.mktemp('run')
     config = {
         'run_name': 'tiny', 'max_seq_len': 32, 'global_batch_size': 8, 'max_duration': '10ba', 'precision': 'fp32',
         'model': {'preset': 'debug', 'dim': 64, 'n_layers': 2, 'n_heads': 4, 'n_kv_heads': 2, 'ffn_dim': 128,
                   'vocab_size': 512, 'max_seq_len': 64},
-        'data': {'train': {'streams': {'a': {'local': tiny_streams['a']}}}},
+        'data': {'train': {'streams': {'a': {'local': stream}}}},
         'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '5ba'},
         'loggers': {}, 'progress_bar': False}
     (folder / 'run.yaml').write_text(yaml.safe_dump(config))

@@ -1,9 +1,12 @@
-"""Importing the trainer skips what no run uses, and each skipped package still works when asked for later; Composer's
-CPU name comes from /proc/cpuinfo, as py-cpuinfo gives it, without a subprocess."""
+"""Importing the trainer skips what no run uses, and each skipped package still works when asked for later; what does
+not train imports no Composer; Composer's CPU name comes from /proc/cpuinfo, as py-cpuinfo gives it, without a
+subprocess."""
 import subprocess
 import sys
 
 import pytest
+
+from tests.conftest import REPO
 
 # the heaviest packages each deferral keeps out (torchmetrics' text metrics: sklearn via transformers' AutoModel;
 # its plots: matplotlib; its audio: scipy; Composer's PEFT and MosaicML-platform integrations: peft, prompt_toolkit)
@@ -13,6 +16,13 @@ SKIPPED = ('matplotlib', 'peft', 'prompt_toolkit', 'scipy', 'sklearn')
 def test_the_trainer_imports_none_of_the_skipped_packages(trainer_import):
     assert [name for name in trainer_import['modules'] if name.split('.')[0] in SKIPPED] == []
     assert 'mcli' in trainer_import['modules']  # loaded on first use: Composer's MosaicML logger holds it
+
+
+def test_evaluation_checkpoint_conversion_and_data_prep_import_no_composer():
+    script = ('import sys, scripts.evaluate, scripts.convert_checkpoint, data_prep.convert_to_mds; '
+              'print([name for name in ("composer", "torchmetrics") if name in sys.modules])')
+    out = subprocess.run([sys.executable, '-c', script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout == '[]\n'
 
 
 def test_each_skipped_package_works_when_used():

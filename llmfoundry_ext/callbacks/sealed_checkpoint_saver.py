@@ -1,0 +1,56 @@
+"""Composer's CheckpointSaver for checkpoints autoresume can trust (``resumption``): it refuses to save non-finite
+weights, turns a failed write (a full disk) into one line, and seals each checkpoint once every rank has written it."""
+import errno
+import os
+
+import torch
+from composer.callbacks import CheckpointSaver
+from composer.utils import dist
+from composer.utils.checkpoint import get_save_filename
+
+from llmfoundry_ext.errors import TrainingStopped
+from llmfoundry_ext.resumption import seal
+
+
+class SealedCheckpointSaver(CheckpointSaver):
+    """Composer's CheckpointSaver that refuses to save non-finite weights, turns a failed write (a full disk) into
+    one line, and seals each checkpoint once every rank has written it."""
+
+    def _save_checkpoint(self, state, logger) -> None:
+        name = self.checkpoint_path(state)
+        stop_on_nonfinite_weights(state, os.path.basename(name))
+        try:
+            super()._save_checkpoint(state, logger)
+        except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
+            if not is_disk_full(error):
+                raise
+            raise TrainingStopped(f'no space left on the device while writing checkpoint {name}: free space, then run '
+                                  f'the same command; it resumes from the newest complete checkpoint') from None
+        if dist.get_global_rank() == 0:
+            seal(name)
+
+    def checkpoint_path(self, state) -> str:
+        """The folder (sharded) or file this save writes, as Composer names it."""
+        saved = get_save_filename(state, self.filename.format(state, keep_placeholders=True))
+        return os.path.dirname(saved) if state.fsdp_sharded_state_dict_enabled else saved
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An ENOSPC in ``error``, its cause, or the failures torch.distributed.checkpoint collected from the ranks (each
+    an exception, or an (exception, traceback) pair)."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    failures = [failure[0] if isinstance(failure, tuple) else failure
+                for failure in (getattr(error, 'failures', None) or {}).values()]
+    return any(isinstance(inner, BaseException) and is_disk_full(inner) for inner in [*failures, error.__cause__])
+
+
+def stop_on_nonfinite_weights(state, checkpoint: str) -> None:
+    """Raise before a checkpoint of non-finite weights is written (checked on every rank's shard)."""
+    shards = [p.to_local() if hasattr(p, 'to_local') else p for p in state.model.parameters()]
+    finite = torch.stack([torch.isfinite(shard).all() for shard in shards]).all().to(torch.int32).reshape(1)
+    dist.all_reduce(finite, reduce_operation='MIN')
+    if not finite.item():
+        raise TrainingStopped(f'non-finite weights at batch {int(state.timestamp.batch)}: not writing checkpoint '
+                              f'{checkpoint}; the same command resumes from the last checkpoint (lower the learning '
+                              f'rate or check the data first)')
