@@ -13,9 +13,11 @@ from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# the ``composer`` command as users run it (the shipped YAMLs on GPUs); the CPU tests launch Composer's launcher through
-# llmfoundry_ext.launch (LAUNCHER), the same code ~4.5 s sooner
+# the ``composer`` command as users run it (the shipped YAMLs on GPUs); the CPU tests of a launch run Composer's
+# launcher through llmfoundry_ext.launch (LAUNCHER: the same code, ~4.5 s sooner), the others fork their ranks from
+# one import (FORKED: tests/forked_launch.py)
 COMPOSER = shutil.which('composer', path=os.path.dirname(sys.executable)) or shutil.which('composer')
+FORKED = [sys.executable, os.path.join(REPO, 'tests', 'forked_launch.py')]
 
 
 def pytest_configure(config):

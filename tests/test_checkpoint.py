@@ -13,14 +13,13 @@ from safetensors.torch import load_file
 from llmfoundry_ext.build import build_model
 from llmfoundry_ext.checkpoint import export_to_hf, read_composer_model
 from llmfoundry_ext.errors import CheckpointError, ConfigError
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.model.llama_hf import config_from_hf, hf_config
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train
 from llmfoundry_ext.weights import import_from_hf, load_hf, load_into, load_weights_folder, save_hf
 from scripts.convert_checkpoint import main as checkpoint_main
-from tests.conftest import REPO, write_yaml
+from tests.conftest import FORKED, REPO, write_yaml
 
 CONFIGS = {
     'llama2-shape': LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=96, vocab_size=101,
@@ -148,7 +147,7 @@ def test_from_hf_train_fsdp2_to_hf_reproduces_tensors_and_logits(tiny_config, tm
     config['scheduler'] = None
     yaml_path = write_yaml(config, tmp_path / 'run.yaml')
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    subprocess.run([*LAUNCHER, '-n', '2', 'train.py', yaml_path], cwd=REPO, env=env, check=True,
+    subprocess.run([*FORKED, '-n', '2', 'train.py', yaml_path], cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=600)
     run_folder = tmp_path / 'checkpoints' / 'tiny'
     exported = str(tmp_path / 'exported')

@@ -30,7 +30,7 @@ from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import main as train_main, train
 from llmfoundry_ext.weights import load_weights_folder, load_into
 from scripts.evaluate import main as evaluate_main
-from tests.conftest import REPO, change, changes, config_error, write_yaml
+from tests.conftest import FORKED, REPO, change, changes, config_error, write_yaml
 
 CHOICE_TASK = """task: arithmetic_choice
 dataset_path: json
@@ -385,7 +385,7 @@ def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_f
     yamls = {processes: write_yaml(run_in(texts_config, tmp_path / f'{processes}', downstream),
                                    tmp_path / f'{processes}.yaml') for processes in (1, 2)}
     train(prepare(yamls[1])).close()
-    run = subprocess.run([*LAUNCHER, '-n', '2', 'train.py', yamls[2]], cwd=REPO, capture_output=True, text=True,
+    run = subprocess.run([*FORKED, '-n', '2', 'train.py', yamls[2]], cwd=REPO, capture_output=True, text=True,
                          timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-3000:]
     metrics = {processes: [in_loop(tmp_path / f'{processes}', batch) for batch in (50, 100)] for processes in (1, 2)}
@@ -395,12 +395,13 @@ def test_two_processes_under_fsdp2_give_the_metrics_of_one(texts_config, tasks_f
 
 
 STALLED_EVALUATION = '''
-import os, time
-import llmfoundry_ext.downstream as downstream
-def _stalled(*args, **kwargs):  # the run is killed in here
-    open(os.environ['EVALUATING'], 'w').close()
-    time.sleep(600)
-downstream.run_tasks = _stalled
+import os, sys, time
+if sys.argv[0].endswith('train.py'):  # the rank, not the launcher or its resource tracker
+    import llmfoundry_ext.downstream as downstream
+    def _stalled(*args, **kwargs):  # the run is killed in here
+        open(os.environ['EVALUATING'], 'w').close()
+        time.sleep(600)
+    downstream.run_tasks = _stalled
 '''
 
 

@@ -14,11 +14,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.config import load
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import REPO, global_batches, keep_checkpoints_up_to, write_yaml
+from tests.conftest import FORKED, REPO, global_batches, keep_checkpoints_up_to, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -209,7 +208,7 @@ def train_in_one_launch(config: dict, processes: int, runs: list[tuple]) -> list
 
     arguments = [shlex.join([run_yaml(config, folder, replicate), *overrides])
                  for folder, replicate, *overrides in runs]
-    run = subprocess.run([*LAUNCHER, '-n', str(processes), 'tests/training_runs_worker.py', *arguments], cwd=REPO,
+    run = subprocess.run([*FORKED, '-n', str(processes), 'tests/training_runs_worker.py', *arguments], cwd=REPO,
                          capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-3000:]
     outputs = run.stdout.split('=== run ')[1:]

@@ -15,11 +15,10 @@ from filelock import FileLock
 
 from llmfoundry_ext.data.mds import file_sha256
 from llmfoundry_ext.errors import TrainingStopped
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.resumption import LATEST, SEAL, prepare_autoresume, problem, seal
 from llmfoundry_ext.train import main, train
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import REPO, write_yaml
+from tests.conftest import FORKED, REPO, write_yaml
 
 @pytest.fixture(scope='session')
 def two_rank_run(tmp_path_factory, tiny_streams, worker_id) -> str:
@@ -49,7 +48,7 @@ def run_two_ranks(folder, stream: str) -> str:
         'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '5ba'},
         'loggers': {}, 'progress_bar': False}
     (folder / 'run.yaml').write_text(yaml.safe_dump(config))
-    run = subprocess.run([*LAUNCHER, '-n', '2', 'train.py', str(folder / 'run.yaml')], cwd=REPO, capture_output=True,
+    run = subprocess.run([*FORKED, '-n', '2', 'train.py', str(folder / 'run.yaml')], cwd=REPO, capture_output=True,
                          text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert run.returncode == 0, run.stderr[-3000:]
     return str(folder / 'checkpoints')

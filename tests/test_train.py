@@ -9,11 +9,10 @@ import torch
 
 from llmfoundry_ext.build import build_collator
 from llmfoundry_ext.config import load
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext import use_expandable_segments
 from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train
-from tests.conftest import REPO, write_yaml
+from tests.conftest import FORKED, REPO, write_yaml
 
 
 def test_resume_warns_when_the_data_order_settings_changed(tiny_config, tmp_path, capsys):
@@ -123,7 +122,7 @@ def test_replicate_degree_builds_an_hsdp_mesh(tiny_config, tmp_path):
     tiny_config['parallelism']['fsdp'].update(replicate_degree=2, activation_checkpointing='full', checkpoint_every=2)
     script = tmp_path / 'layout.py'
     script.write_text(LAYOUT_SCRIPT)
-    run = subprocess.run([*LAUNCHER, '-n', '2', str(script), write_yaml(tiny_config, tmp_path / 'hsdp.yaml')],
+    run = subprocess.run([*FORKED, '-n', '2', str(script), write_yaml(tiny_config, tmp_path / 'hsdp.yaml')],
                          cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': REPO})
     assert run.returncode == 0, run.stderr[-2000:]

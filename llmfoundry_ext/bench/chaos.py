@@ -25,14 +25,16 @@ from llmfoundry_ext.launch import LAUNCHER
 
 BATCHES, SAVE_EVERY, RANKS = 24, 3, 2
 SLOW_WRITES = '''
-import os, time
-import torch.distributed.checkpoint.filesystem as filesystem
-_write_item, _delay = filesystem._write_item, float(os.environ.get('CHAOS_WRITE_DELAY', '0'))
-def _slow_write_item(*args, **kwargs):
-    result = _write_item(*args, **kwargs)
-    time.sleep(_delay)
-    return result
-filesystem._write_item = _slow_write_item
+import os, sys, time
+_delay = float(os.environ.get('CHAOS_WRITE_DELAY', '0'))
+if _delay and sys.argv[0].endswith('train.py'):  # the run's ranks, not its launcher or resource trackers
+    import torch.distributed.checkpoint.filesystem as filesystem
+    _write_item = filesystem._write_item
+    def _slow_write_item(*args, **kwargs):
+        result = _write_item(*args, **kwargs)
+        time.sleep(_delay)
+        return result
+    filesystem._write_item = _slow_write_item
 '''
 
 

@@ -7,19 +7,23 @@ rank's samples and losses those of the uninterrupted run."""
 import os
 import random
 import shutil
+import subprocess
 
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.bench.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
+from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
-from tests.conftest import keep_checkpoints_up_to
+from tests.conftest import REPO, keep_checkpoints_up_to
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_processes_or_one(tmp_path, capsys):
+    """Launches: the uninterrupted run, the killed one, then its resume and the elastic run's back on 2 processes in
+    one launch (tests/training_runs_worker.py); the elastic run on 1 process runs in this one (what train.py runs)."""
     folder = str(tmp_path)
     runner = Runner(folder, run_yaml(folder, write_streams(folder)), write_delay=0.02)
     runner.finish('uninterrupted', attempts=1)
@@ -29,17 +33,21 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
 
     killed_after, killed_inside = kill(runner, 'killed', True, random.Random(1))  # aims at ep0-ba6: 2 slow writes
     shutil.copytree(tmp_path / 'killed', tmp_path / 'elastic', symlinks=True)  # the same kill, resumed on 1 process
-    runner.finish('killed', attempts=1)
-    resumed, skipped = resumption(runner.log('killed'))
+    capsys.readouterr()
+    assert main([runner.yaml_path, 'run_name=elastic']) == 0
+    elastic_log = capsys.readouterr().out
+    resumed, skipped = resumption(elastic_log)
+    back = resumed + SAVE_EVERY  # the elastic run's first checkpoint of its own (one file)
+    shutil.copytree(tmp_path / 'elastic', tmp_path / 'back', symlinks=True)
+    keep_checkpoints_up_to(tmp_path / 'back' / 'checkpoints', back)
+    killed_log, back_log = finish_in_one_launch(runner, ['killed', 'back'])
+
+    assert resumption(killed_log) == (resumed, skipped)
     assert killed_inside == skipped == 'ep0-ba6' and resumed == 6 - SAVE_EVERY <= killed_after
     assert identical(runner.ledgers('killed'), expected)
     final = sorted(os.listdir(os.path.join(runner.checkpoints('killed'), f'ep0-ba{BATCHES}')))
     assert final == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']  # FSDP2 sharded checkpoint, sealed
 
-    capsys.readouterr()
-    assert main([runner.yaml_path, 'run_name=elastic']) == 0  # one process: what train.py runs, in this one
-    elastic_log = capsys.readouterr().out
-    assert resumption(elastic_log) == (resumed, skipped)
     one, two = read_ledger(str(tmp_path / 'elastic' / 'ledger' / 'ledger-rank0.jsonl')), runner.ledgers('elastic')
     after = range(resumed + 1, BATCHES + 1)
     # streaming deals a global batch out to the ranks in turn: one process reads it in the interleaved order
@@ -54,16 +62,21 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
     assert f'autoresume: ep0-ba{resumed} is sharded, this run reads one file: converted it to ' \
            f'ep0-ba{resumed}-rank0.pt (kept ep0-ba{resumed})' in elastic_log
     assert 'one process, unsharded' in elastic_log
-    check_resumes_on_two_processes_from_one(runner, tmp_path, resumed + SAVE_EVERY, expected)
+    check_resumed_on_two_processes_from_one(runner, back_log, back, expected)
 
 
-def check_resumes_on_two_processes_from_one(runner: Runner, tmp_path, batch: int, expected) -> None:
+def finish_in_one_launch(runner: Runner, names: list[str]) -> list[str]:
+    """The runs ``names`` (the runner's YAML, each its run_name) one after another in one 2-process launch at full
+    write speed; each run's output."""
+    runs = [f'{runner.yaml_path} run_name={name}' for name in names]
+    launch = subprocess.run([*LAUNCHER, '-n', '2', 'tests/training_runs_worker.py', *runs], cwd=REPO,
+                            env={**runner.env, 'CHAOS_WRITE_DELAY': '0'}, capture_output=True, text=True, timeout=900)
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    return launch.stdout.split('=== run ')[1:]
+
+
+def check_resumed_on_two_processes_from_one(runner: Runner, log: str, batch: int, expected) -> None:
     """The elastic run cut back to its first checkpoint of its own (one file), resumed on 2 processes to the end."""
-    shutil.copytree(tmp_path / 'elastic', tmp_path / 'back', symlinks=True)
-    checkpoints = tmp_path / 'back' / 'checkpoints'
-    keep_checkpoints_up_to(checkpoints, batch)
-    runner.finish('back', attempts=1)
-    log = runner.log('back')
     assert f'autoresume: ep0-ba{batch}-rank0.pt is one file, this run reads sharded folders: converted it to ' \
            f'ep0-ba{batch} (kept ep0-ba{batch}-rank0.pt)' in log
     assert resumption(log) == (batch, '') and 'FSDP2 over 2 ranks' in log
@@ -72,4 +85,5 @@ def check_resumes_on_two_processes_from_one(runner: Runner, tmp_path, batch: int
         assert [back[rank][b]['sample_ids'] for b in after] == [expected[rank][b]['sample_ids'] for b in after]
         assert [back[rank][b]['loss'] for b in after] == pytest.approx(
             [expected[rank][b]['loss'] for b in after], rel=1e-5, abs=0)
-    assert sorted(os.listdir(checkpoints / f'ep0-ba{BATCHES}')) == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']
+    checkpoints = os.path.join(runner.checkpoints('back'), f'ep0-ba{BATCHES}')
+    assert sorted(os.listdir(checkpoints)) == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']

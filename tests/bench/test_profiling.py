@@ -11,8 +11,7 @@ import torch
 
 from llmfoundry_ext.bench.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace,
                                             top_kernels, write_timeline)
-from llmfoundry_ext.launch import LAUNCHER
-from tests.conftest import REPO
+from tests.conftest import FORKED, REPO
 
 
 @pytest.mark.parametrize('name, category', [
@@ -48,7 +47,7 @@ def test_profile_script_on_two_cpu_processes(tmp_path):
     """Both ranks train on the one synthetic data folder (streaming refuses a folder per rank); rank 0 reports,
     each rank writes its trace."""
     result = subprocess.run(
-        [*LAUNCHER, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
+        [*FORKED, '-n', '2', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=4', 'model.n_layers=2',
          '--warmup', '1', '--steps', '2', '--trace', str(tmp_path / 'trace.json'), '--json', str(tmp_path / 't.json')],
         cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -70,7 +69,7 @@ def test_profile_script_profiles_transformers_model_with_python_frames(tmp_path)
     records the modules' frames, which name it."""
     trace = tmp_path / 'trace.json'
     result = subprocess.run(
-        [*LAUNCHER, '-n', '1', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=2', 'model.n_layers=2',
+        [*FORKED, '-n', '1', 'scripts/profile_run.py', 'yamls/demo.yaml', 'global_batch_size=2', 'model.n_layers=2',
          '--warmup', '1', '--steps', '1', '--trace', str(trace), '--python', '--model', 'hf'],
         cwd=REPO, capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -11,14 +11,13 @@ import transformers
 from safetensors.torch import load_file
 
 from llmfoundry_ext.errors import CheckpointError, ConfigError
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.model.mixtral import Mixtral, MixtralConfig, load_balancing_loss
 from llmfoundry_ext.model.mixtral_hf import config_from_hf, from_hf, hf_config
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.weights import load_hf, load_into, save_hf
 from scripts.convert_checkpoint import main as checkpoint_main
-from tests.conftest import REPO, write_yaml
+from tests.conftest import FORKED, REPO, write_yaml
 
 TINY = MixtralConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=512, n_experts=4,
                      experts_per_token=2, rope_theta=1e6, rope_scaling_factor=1.0, max_seq_len=64)
@@ -133,7 +132,7 @@ def test_from_hf_train_fsdp2_to_hf_reproduces_every_tensor(tiny_config, tmp_path
     source, native = str(tmp_path / 'hf-source'), str(tmp_path / 'native')
     assert checkpoint_main(['from-hf', source, native]) == 0
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    run = subprocess.run([*LAUNCHER, '-n', '2', 'train.py', run_yaml(tiny_config, tmp_path, init_from=native)],
+    run = subprocess.run([*FORKED, '-n', '2', 'train.py', run_yaml(tiny_config, tmp_path, init_from=native)],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]  # why, where CI saw it fail once
     exported = str(tmp_path / 'exported')
