@@ -1,11 +1,13 @@
 """The tests' launcher for runs whose subject is not the launch: ``python tests/forked_launch.py -n N SCRIPT [ARG ...]``
-runs SCRIPT in N processes as ``composer -n N SCRIPT ...`` does (the environment torch.distributed and Composer read;
+(and Composer's other arguments for a node: --world_size, --node_rank, --master_addr, --master_port) runs SCRIPT in N
+processes as ``composer -n N SCRIPT ...`` does (the environment torch.distributed and Composer read;
 rank 0's output here, the others' discarded), but forks them, with torch.multiprocessing's ``fork`` start method,
 from this process once it has imported the trainer: one import a launch (~6 s of CPU on 2 cores) in place of the
 launcher's and each rank's. Safe for gloo: this process starts no thread and no process group before it forks; each
 rank makes its own. A rank that fails ends the others (torch's ProcessContext), and its exit status is the launch's.
-The tests of the launch itself (the Slurm job, kill and resume, the benchmark's rows, scripts/evaluate.py under the
-launcher) run Composer's launcher (llmfoundry_ext.launch)."""
+The tests of the launch itself (the Slurm job that loses a node, kill and resume, the benchmark's rows,
+scripts/evaluate.py under the launcher) run Composer's launcher (llmfoundry_ext.launch)."""
+import argparse
 import atexit
 import gc
 import os
@@ -17,28 +19,44 @@ from composer.utils import get_free_tcp_port
 from torch.multiprocessing import ProcessExitedException, ProcessRaisedException, start_processes
 
 
-def run_rank(rank: int, world: int, port: int, argv: list[str]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      NODE_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
-    if rank:
+def run_rank(local_rank: int, node: argparse.Namespace, port: int) -> None:
+    """One rank, in the environment Composer's launcher gives it (``composer.cli.launcher._launch_processes``)."""
+    os.environ.update(RANK=str(node.node_rank * node.nproc + local_rank), WORLD_SIZE=str(node.world_size),
+                      LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(node.nproc), NODE_RANK=str(node.node_rank),
+                      MASTER_ADDR=node.master_addr, MASTER_PORT=str(port), PYTHONUNBUFFERED='1',
+                      TORCH_NCCL_ASYNC_ERROR_HANDLING='1')
+    if local_rank:
         discard = os.open(os.devnull, os.O_WRONLY)
         os.dup2(discard, 1)
         os.dup2(discard, 2)
-    sys.argv = argv
+    sys.argv = [node.script, *node.args]
     try:
-        runpy.run_path(argv[0], run_name='__main__')
+        runpy.run_path(node.script, run_name='__main__')
     finally:
         atexit._run_exitfuncs()  # a forked process ends without them; Composer closes its callbacks there
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Composer's launcher's arguments for a node (those scripts/slurm/launch.sh passes)."""
+    parser = argparse.ArgumentParser(prog='tests/forked_launch.py')
+    parser.add_argument('-n', '--nproc', type=int, required=True)
+    parser.add_argument('--world_size', type=int)
+    parser.add_argument('--node_rank', type=int, default=0)
+    parser.add_argument('--master_addr', default='127.0.0.1')
+    parser.add_argument('--master_port', type=int)
+    parser.add_argument('script')
+    parser.add_argument('args', nargs=argparse.REMAINDER)
+    node = parser.parse_args(argv)
+    node.world_size = node.world_size or node.nproc
+    return node
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] != '-n':
-        print('usage: python tests/forked_launch.py -n N SCRIPT [ARG ...]', file=sys.stderr)
-        return 2
-    world = int(argv[1])
+    node = parse(argv)
     gc.freeze()  # the imported objects: no rank's collections walk them (and copy their pages)
     try:
-        start_processes(run_rank, args=(world, get_free_tcp_port(), argv[2:]), nprocs=world, start_method='fork')
+        start_processes(run_rank, args=(node, node.master_port or get_free_tcp_port()), nprocs=node.nproc,
+                        start_method='fork')
     except ProcessRaisedException as failure:
         print(failure, file=sys.stderr)
         return 1

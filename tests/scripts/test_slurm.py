@@ -13,7 +13,7 @@ import time
 import pytest
 
 from llmfoundry_ext.launch import LAUNCHER
-from tests.conftest import REPO, demo_data, global_batches
+from tests.conftest import FORKED, REPO, demo_data, global_batches
 
 SLURM = os.path.join(REPO, 'scripts', 'slurm')
 STUBS = {
@@ -86,16 +86,16 @@ def own_shm() -> list[str]:
 
 class Job:
     """A Slurm job of ``nodes`` x ``per_node`` processes on this machine: the real ``launch.sh`` once a node, with the
-    variables Slurm sets, on 127.0.0.1."""
+    variables Slurm sets, on 127.0.0.1. ``paths``: launcher name -> the PATH whose ``composer`` a node runs."""
 
-    def __init__(self, own_shm: list[str], stub_path: str, folder, overrides: list[str]):
-        self.own_shm, self.stub_path, self.folder, self.overrides = own_shm, stub_path, folder, overrides
+    def __init__(self, own_shm: list[str], paths: dict[str, str], folder, overrides: list[str]):
+        self.own_shm, self.paths, self.folder, self.overrides = own_shm, paths, folder, overrides
 
-    def start(self, name: str, nodes: int, per_node: int) -> list[subprocess.Popen]:
+    def start(self, name: str, nodes: int, per_node: int, launcher: str = 'forked') -> list[subprocess.Popen]:
         port = free_port()
         nodes_started = []
         for node in range(nodes):
-            env = {**os.environ, 'PATH': self.stub_path, 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
+            env = {**os.environ, 'PATH': self.paths[launcher], 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
                    'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
                    'OMP_NUM_THREADS': '1'}
             with open(self.folder / f'{name}-node{node}.log', 'a') as log:  # the node's processes keep their copy
@@ -142,14 +142,19 @@ def wait_for(path, text: str, seconds: float) -> None:
 def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own_shm, tmp_path):
     """2 nodes x 2 processes through launch.sh: kill -9 of node 1 stops node 0 within 60 s with one line naming
     node 1; re-submitted as 2 x 2, 1 x 4 or 4 x 1 it resumes, and every global batch holds the samples of the
-    uninterrupted 2 x 2 run's. The nodes' ``composer`` is Composer's launcher through llmfoundry_ext.launch, as in
-    the other tests (the same main, ~4.5 s less start-up for each of the 11 node launches)."""
-    stubs = tmp_path / 'bin'
-    stubs.mkdir()
-    for name, text in (('scontrol', STUBS['scontrol']), ('composer', f'#!/bin/sh\nexec {shlex.join(LAUNCHER)} "$@"\n')):
-        (stubs / name).write_text(text)
-        (stubs / name).chmod(stat.S_IRWXU)
-    job = Job(own_shm, f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", tmp_path, [
+    uninterrupted 2 x 2 run's. The job that loses a node runs Composer's launcher on each node (through
+    llmfoundry_ext.launch, as the other tests do); the others, whose subject is the data order over node counts, fork
+    a node's ranks from one import (tests/forked_launch.py, Composer's arguments and environment)."""
+    paths = {}
+    for launcher, command in (('composer', LAUNCHER), ('forked', FORKED)):
+        stubs = tmp_path / f'bin-{launcher}'
+        stubs.mkdir()
+        launch = f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n'
+        for name, text in (('scontrol', STUBS['scontrol']), ('composer', launch)):
+            (stubs / name).write_text(text)
+            (stubs / name).chmod(stat.S_IRWXU)
+        paths[launcher] = f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
+    job = Job(own_shm, paths, tmp_path, [
         f'variables.data_root={demo_data(tmp_path / "data")}', f'max_duration={BATCHES}ba', 'global_batch_size=8',
         f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'eval_subset_num_batches=2',
         'log_interval=1ba', 'progress_bar=false', 'node_timeout_s=10',
@@ -158,7 +163,7 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own
     expected = job.global_batches('uninterrupted', 4)
     assert [len(ids) for ids in expected] == [8] * BATCHES
 
-    node0, node1 = job.start('killed', 2, 2)
+    node0, node1 = job.start('killed', 2, 2, launcher='composer')
     wait_for(tmp_path / 'killed-node0.log', f'batch {SAVE_EVERY + 2}/{BATCHES}', 240)
     os.killpg(node1.pid, signal.SIGKILL)
     killed = time.monotonic()
