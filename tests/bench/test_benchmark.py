@@ -7,6 +7,7 @@ import pytest
 from llmfoundry_ext.bench import benchmark
 from llmfoundry_ext.bench.benchmark import Row, comparisons, format_comparisons, format_table
 from scripts.benchmark import main as benchmark_main
+from tests.conftest import FORKED
 
 
 def test_rows_name_their_model_in_the_source_not_the_name():
@@ -91,10 +92,13 @@ def run_benchmark(capsys, tmp_path, processes: int, *args: str) -> tuple[dict, s
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rows_run_on_two_processes_over_one_data_folder_record_the_whole_batchs_loss_and_write_json(tmp_path,
-                                                                                                    capsys):
+                                                                                                    capsys,
+                                                                                                    monkeypatch):
     """Two ranks read the same synthetic tokens (a folder per rank was refused by streaming), for our model and
     transformers' alike; the losses recorded are the whole global batch's: fp32, one process's on the same batches
-    (rank 0's own sample's, recorded until 2026-11-27, differed from the first batch on)."""
+    (rank 0's own sample's, recorded until 2026-11-27, differed from the first batch on). The rows' ranks fork from
+    one import (tests/forked_launch.py): the launch is not this test's subject."""
+    monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)
     small = 'max_seq_len=64 global_batch_size=2 precision=fp32 model.n_layers=2'
     masked_row = f'masked yamls/demo.yaml {small} data.document_masking=true'
     results, printed = run_benchmark(capsys, tmp_path, 2, '--row', masked_row,

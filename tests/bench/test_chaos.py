@@ -13,21 +13,22 @@ import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.bench.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
-from tests.conftest import REPO, keep_checkpoints_up_to
+from tests.conftest import FORKED, REPO, keep_checkpoints_up_to
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_processes_or_one(tmp_path, capsys):
-    """Launches: the uninterrupted run, the killed one, then its resume and the elastic run's back on 2 processes in
-    one launch (tests/training_runs_worker.py); the elastic run on 1 process runs in this one (what train.py runs)."""
+    """The killed run is launched as the chaos trials launch it (Composer's launcher); the uninterrupted one, and then
+    the killed one's resume and the elastic run's back on 2 processes, fork their ranks from one import
+    (tests/forked_launch.py, tests/training_runs_worker.py); the elastic run on 1 process runs in this one (what
+    train.py runs)."""
     folder = str(tmp_path)
     runner = Runner(folder, run_yaml(folder, write_streams(folder)), write_delay=0.02)
-    runner.finish('uninterrupted', attempts=1)
-    assert 'FSDP2 over 2 ranks, selective activation checkpointing of every block' in runner.log('uninterrupted')
+    uninterrupted, = train_forked(runner, ['uninterrupted'])
+    assert 'FSDP2 over 2 ranks, selective activation checkpointing of every block' in uninterrupted
     expected = runner.ledgers('uninterrupted')
     assert expected[0][1]['sample_ids'] != expected[1][1]['sample_ids']  # ranks read different samples
 
@@ -40,7 +41,7 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
     back = resumed + SAVE_EVERY  # the elastic run's first checkpoint of its own (one file)
     shutil.copytree(tmp_path / 'elastic', tmp_path / 'back', symlinks=True)
     keep_checkpoints_up_to(tmp_path / 'back' / 'checkpoints', back)
-    killed_log, back_log = finish_in_one_launch(runner, ['killed', 'back'])
+    killed_log, back_log = train_forked(runner, ['killed', 'back'])
 
     assert resumption(killed_log) == (resumed, skipped)
     assert killed_inside == skipped == 'ep0-ba6' and resumed == 6 - SAVE_EVERY <= killed_after
@@ -65,11 +66,11 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
     check_resumed_on_two_processes_from_one(runner, back_log, back, expected)
 
 
-def finish_in_one_launch(runner: Runner, names: list[str]) -> list[str]:
-    """The runs ``names`` (the runner's YAML, each its run_name) one after another in one 2-process launch at full
-    write speed; each run's output."""
+def train_forked(runner: Runner, names: list[str]) -> list[str]:
+    """The runs ``names`` (the runner's YAML, each its run_name) one after another in one 2-process launch whose ranks
+    fork from one import, at full write speed; each run's output."""
     runs = [f'{runner.yaml_path} run_name={name}' for name in names]
-    launch = subprocess.run([*LAUNCHER, '-n', '2', 'tests/training_runs_worker.py', *runs], cwd=REPO,
+    launch = subprocess.run([*FORKED, '-n', '2', 'tests/training_runs_worker.py', *runs], cwd=REPO,
                             env={**runner.env, 'CHAOS_WRITE_DELAY': '0'}, capture_output=True, text=True, timeout=900)
     assert launch.returncode == 0, launch.stderr[-3000:]
     return launch.stdout.split('=== run ')[1:]

@@ -10,6 +10,7 @@ from llmfoundry_ext.bench import benchmark, learning
 from llmfoundry_ext.bench.benchmark import Row
 from llmfoundry_ext.bench.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, verdict,
                                            window_means, write_corpus)
+from tests.conftest import FORKED
 
 SOURCE = 'def add(a, b):\n    """Add two numbers."""\n    return a + b\n\n'
 
@@ -171,6 +172,7 @@ def test_a_run_trains_each_row_on_each_seed_and_writes_the_table(learning_data, 
     script = tmp_path / 'run.sh'
     script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN}EOF\n")
     monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)  # our rows' ranks fork from one import
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     plan = Plan([Row.parse(f'ours yamls/demo.yaml {SMALL}'), Row.parse('titan torchtitan:compile FLAVOR=1B')],
                 seeds=[1, 2], single_seed=('ours',), hyper=Hyper(steps=4, lr=1e-3, warmup=1), width=2)
@@ -208,6 +210,7 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     script = tmp_path / 'run.sh'
     script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_TORCHTITAN_WITH_CHECKPOINTS}EOF\n")
     monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)  # our rows' ranks fork from one import
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     ours = Row.parse(f'ours yamls/demo.yaml {SMALL} model.init_scheme=torchtitan model.tie_embeddings=false')
     plan = Plan([ours, Row.parse('titan torchtitan:compile FLAVOR=1B')], seeds=[3], hyper=Hyper(steps=2, warmup=1),
