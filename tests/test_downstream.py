@@ -330,9 +330,11 @@ def test_bad_downstream_sections_are_one_line_before_training(tiny_config, tmp_p
 METRICS = ('arithmetic_choice/acc', 'arithmetic_choice/acc_norm', 'last_word/acc', 'last_word/perplexity')
 
 
-def run_in(config: dict, folder, downstream: dict | None) -> dict:
-    """``config`` saving under ``folder`` (checkpoints every 50 batches, the sample ledger), with ``downstream``."""
-    config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'), 'save_interval': '50ba'},
+def run_in(config: dict, folder, downstream: dict | None, save_every: int = 50) -> dict:
+    """``config`` saving under ``folder`` (checkpoints every ``save_every`` batches, the sample ledger), with
+    ``downstream``."""
+    config = {**config, 'checkpoint': {'save_folder': str(folder / 'checkpoints'),
+                                       'save_interval': f'{save_every}ba'},
               'callbacks': {'sample_ledger': {'folder': str(folder / 'ledger')}}}
     if downstream:
         config['downstream'] = downstream
@@ -352,8 +354,9 @@ def in_loop(folder, batch: int) -> dict[str, float]:
 @pytest.mark.timeout(600)
 def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_config, tasks_folder, tmp_path,
                                                                          capsys, monkeypatch):
-    """...and the tasks are loaded once, by preflight, for the whole run."""
-    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
+    """...and the tasks are loaded once, by preflight, for the whole run (100 batches, evaluated at 50 and 100)."""
+    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '50ba'}
+    texts_config['max_duration'] = '100ba'
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'plain', None), tmp_path / 'plain.yaml'))).close()
     loads, load_tasks = [], llmfoundry_ext.downstream.load_tasks
     monkeypatch.setattr(llmfoundry_ext.downstream, 'load_tasks', lambda *args: loads.append(args) or load_tasks(*args))
@@ -362,9 +365,9 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
     output = capsys.readouterr().out
     assert read_ledger(str(tmp_path / 'with' / 'ledger' / 'ledger-rank0.jsonl')) == read_ledger(
         str(tmp_path / 'plain' / 'ledger' / 'ledger-rank0.jsonl'))
-    assert '  downstream every 100 batches: arithmetic_choice (240 examples), last_word (120 examples)' in output
+    assert '  downstream every 50 batches: arithmetic_choice (240 examples), last_word (120 examples)' in output
     assert output.count('downstream at batch ') == 2
-    for batch in (100, 200):
+    for batch in (50, 100):
         checkpoint, = (tmp_path / 'with' / 'checkpoints').glob(f'ep*-ba{batch}-rank0.pt')  # the texts loop
         assert evaluate_main([str(checkpoint), '--tasks',
                               'arithmetic_choice', 'last_word', '--include', tasks_folder, '--json',
@@ -372,7 +375,7 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
         offline = downstream_metrics(json.loads((tmp_path / f'ba{batch}.json').read_text()))
         assert in_loop(tmp_path / 'with', batch) == pytest.approx(offline, rel=1e-6, abs=0)
     trail = ', '.join(f"{batch} {in_loop(tmp_path / 'with', batch)['arithmetic_choice/acc']:.4f}"
-                      for batch in (100, 200))
+                      for batch in (50, 100))
     assert f'  arithmetic_choice/acc by batch: {trail}' in output
 
 
@@ -413,12 +416,14 @@ def saved_batches(folder) -> list[int]:
 @pytest.mark.timeout(900)
 def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_evaluates_as_the_uninterrupted(
         texts_config, tasks_folder, tmp_path, capsys):
-    """kill -9 inside the evaluation at batch 100 (before that batch's checkpoint: the evaluation runs at the batch's
+    """kill -9 inside the evaluation at batch 50 (before that batch's checkpoint: the evaluation runs at the batch's
     end, Composer's checkpoint after it); the same command again (here, what ``train.py`` runs, in this process)
-    resumes at batch 50 and both evaluations equal the uninterrupted run's."""
-    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '100ba'}
-    train(prepare(write_yaml(run_in(texts_config, tmp_path / 'whole', downstream), tmp_path / 'whole.yaml'))).close()
-    yaml = write_yaml(run_in(texts_config, tmp_path / 'killed', downstream), tmp_path / 'killed.yaml')
+    resumes at batch 25 and both evaluations (50, 100) equal the uninterrupted run's."""
+    downstream = {'tasks': ['arithmetic_choice', 'last_word'], 'include': [tasks_folder], 'interval': '50ba'}
+    texts_config['max_duration'] = '100ba'
+    train(prepare(write_yaml(run_in(texts_config, tmp_path / 'whole', downstream, save_every=25),
+                             tmp_path / 'whole.yaml'))).close()
+    yaml = write_yaml(run_in(texts_config, tmp_path / 'killed', downstream, save_every=25), tmp_path / 'killed.yaml')
     hooks = tmp_path / 'hooks'
     hooks.mkdir()
     (hooks / 'sitecustomize.py').write_text(STALLED_EVALUATION)
@@ -434,10 +439,10 @@ def test_a_kill_during_an_evaluation_loses_no_checkpoint_and_the_resumed_run_eva
         os.killpg(run.pid, signal.SIGKILL)
         run.wait()
     checkpoints = tmp_path / 'killed' / 'checkpoints'
-    assert evaluating.exists() and saved_batches(checkpoints) == [50], (tmp_path / 'killed.log').read_text()[-2000:]
+    assert evaluating.exists() and saved_batches(checkpoints) == [25], (tmp_path / 'killed.log').read_text()[-2000:]
     capsys.readouterr()
     assert train_main([yaml]) == 0
-    assert 'autoresume: resuming from the latest checkpoint at batch 50' in capsys.readouterr().out
-    assert saved_batches(checkpoints) == [50, 100, 150, 200]
-    for batch in (100, 200):
+    assert 'autoresume: resuming from the latest checkpoint at batch 25' in capsys.readouterr().out
+    assert saved_batches(checkpoints) == [25, 50, 75, 100]
+    for batch in (50, 100):
         assert in_loop(tmp_path / 'killed', batch) == in_loop(tmp_path / 'whole', batch)
