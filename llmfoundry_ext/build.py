@@ -6,13 +6,13 @@ import torch
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.callbacks.console_line import ConsoleLine
-from llmfoundry_ext.callbacks.downstream_evaluation import DownstreamEvaluation
 from llmfoundry_ext.callbacks.expert_load import ExpertLoad
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
-from llmfoundry_ext.callbacks.sealed_checkpoint_saver import SealedCheckpointSaver
+from llmfoundry_ext.checkpoint_saver import SealedCheckpointSaver
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
+from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, init_device,
                                        parallelize, reduce_replicas_by_sum_on_gloo)

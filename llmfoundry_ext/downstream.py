@@ -8,7 +8,7 @@ request (not to the model's context), the log-probabilities taken at the continu
 ranks each scores its share through the sharded model, and every rank runs the same number of forwards (FSDP2
 gathers each block's weights in a forward, with every rank taking part).
 
-During training (the YAML's ``downstream`` section) ``callbacks/downstream_evaluation.py`` runs the harness every
+During training (the YAML's ``downstream`` section) ``downstream_callback.py`` runs the harness every
 ``interval`` batches; this module imports no Composer, so ``scripts/evaluate.py`` does not.
 """
 import contextlib

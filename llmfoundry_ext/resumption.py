@@ -12,7 +12,7 @@ folder; Composer reads only the format the run writes. A checkpoint of the other
 (torch.distributed.checkpoint's own format conversion; the original kept), so a run moves between one GPU and many
 and back, with its data order: the dataset state travels in the checkpoint either way.
 
-The saving side runs in training (``callbacks/sealed_checkpoint_saver.py``); this module is files alone, without
+The saving side runs in training (``checkpoint_saver.py``); this module is files alone, without
 Composer, so that reading a run's checkpoints (``checkpoint.py``, ``scripts/evaluate.py``) does not import it.
 """
 import json

@@ -11,9 +11,9 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.callbacks.console_line import EVAL_LOSS, total_batches
-from llmfoundry_ext.callbacks.downstream_evaluation import DownstreamEvaluation
 from llmfoundry_ext.config import TrainConfig, global_rank, world_size
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
+from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing, sharded_checkpoints
