@@ -26,6 +26,7 @@ from collections.abc import Iterator
 ABSENT_WHILE_IMPORTING = {
     'composer.models.huggingface': ('peft',),
     'composer.algorithms.gated_linear_units.gated_linear_units': ('transformers',),
+    # transformers 4.x probes with find_spec; 5.x (the GPU machines' 5.17) imports sklearn all the same
     'transformers.utils.import_utils': ('sklearn',),
 }
 # torchmetrics' answers for its optional dependencies, read by its modules as they import
