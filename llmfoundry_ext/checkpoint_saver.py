@@ -1,5 +1,5 @@
-"""Composer's CheckpointSaver for checkpoints autoresume can trust (``resumption``): it refuses to save non-finite
-weights, turns a failed write (a full disk) into one line, and seals each checkpoint once every rank has written it."""
+"""The saving side of the checkpoints autoresume can trust (``resumption`` reads them): Composer's CheckpointSaver,
+sealed."""
 import errno
 import os
 

@@ -17,6 +17,7 @@ Composer also asks py-cpuinfo for the CPU's name (checkpoint metadata) once a pr
 subprocess (~1.2 s of CPU); on Linux the same name is /proc/cpuinfo's ``model name``.
 """
 import contextlib
+import functools
 import importlib.abc
 import importlib.util
 import sys
@@ -65,9 +66,10 @@ def scipy_absent_to_torchmetrics(module) -> None:
 
 def cpu_model_from_proc(module) -> None:
     """After ``composer.utils.collect_env`` executes: its ``get_cpu_model`` reads /proc/cpuinfo, py-cpuinfo's
-    subprocess only where that has no ``model name`` line."""
+    subprocess only where that has no ``model name`` line; once a process, as Composer's own (every checkpoint asks)."""
     subprocess_lookup = module.get_cpu_model
 
+    @functools.lru_cache(maxsize=1)
     def get_cpu_model() -> str:
         try:
             with open('/proc/cpuinfo') as file:

@@ -17,7 +17,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import FORKED, REPO, global_batches, keep_checkpoints_up_to, write_yaml
+from tests.conftest import REPO, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -202,17 +202,12 @@ def run_yaml(config: dict, folder, replicate: int) -> str:
 
 
 def train_in_one_launch(config: dict, processes: int, runs: list[tuple]) -> list[dict[int, dict]]:
-    """One ``composer -n processes`` launch training each run of ``runs`` (folder, replicate, override...) in turn
-    (tests/training_runs_worker.py); each run's sample ledgers, rank -> ``read_ledger``'s."""
+    """One launch of ``processes`` ranks training each run of ``runs`` (folder, replicate, override...) in turn
+    (``train_runs``); each run's sample ledgers, rank -> ``read_ledger``'s."""
     from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 
-    arguments = [shlex.join([run_yaml(config, folder, replicate), *overrides])
-                 for folder, replicate, *overrides in runs]
-    run = subprocess.run([*FORKED, '-n', str(processes), 'tests/training_runs_worker.py', *arguments], cwd=REPO,
-                         capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
-    assert run.returncode == 0, run.stderr[-3000:]
-    outputs = run.stdout.split('=== run ')[1:]
-    assert len(outputs) == len(runs)
+    outputs = train_runs(processes, [shlex.join([run_yaml(config, folder, replicate), *overrides])
+                                     for folder, replicate, *overrides in runs])
     for output, (_, replicate, *_) in zip(outputs, runs):
         layout = f'HSDP {replicate} replicas x {processes // replicate} shards' if replicate > 1 else \
             f'FSDP2 over {processes} ranks'

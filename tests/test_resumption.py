@@ -20,6 +20,7 @@ from llmfoundry_ext.train import main, train
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import FORKED, REPO, write_yaml
 
+
 @pytest.fixture(scope='session')
 def two_rank_run(tmp_path_factory, tiny_streams, worker_id) -> str:
     """The save folder of a 2-process FSDP2 run with sharded checkpoints at batches 5 and 10, once a session: under

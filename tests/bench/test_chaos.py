@@ -7,7 +7,6 @@ rank's samples and losses those of the uninterrupted run."""
 import os
 import random
 import shutil
-import subprocess
 
 import pytest
 
@@ -15,7 +14,7 @@ from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.bench.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
-from tests.conftest import FORKED, REPO, keep_checkpoints_up_to
+from tests.conftest import keep_checkpoints_up_to, train_runs
 
 
 @pytest.mark.slow
@@ -68,12 +67,9 @@ def test_a_kill_inside_a_checkpoint_write_resumes_from_the_one_before_on_two_pro
 
 def train_forked(runner: Runner, names: list[str]) -> list[str]:
     """The runs ``names`` (the runner's YAML, each its run_name) one after another in one 2-process launch whose ranks
-    fork from one import, at full write speed; each run's output."""
-    runs = [f'{runner.yaml_path} run_name={name}' for name in names]
-    launch = subprocess.run([*FORKED, '-n', '2', 'tests/training_runs_worker.py', *runs], cwd=REPO,
-                            env={**runner.env, 'CHAOS_WRITE_DELAY': '0'}, capture_output=True, text=True, timeout=900)
-    assert launch.returncode == 0, launch.stderr[-3000:]
-    return launch.stdout.split('=== run ')[1:]
+    fork from one import (``train_runs``), at full write speed; each run's output."""
+    return train_runs(2, [f'{runner.yaml_path} run_name={name}' for name in names],
+                      env={**runner.env, 'CHAOS_WRITE_DELAY': '0'})
 
 
 def check_resumed_on_two_processes_from_one(runner: Runner, log: str, batch: int, expected) -> None:
