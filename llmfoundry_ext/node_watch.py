@@ -54,6 +54,12 @@ class NodeWatch:
         self._stop.set()
         self._thread.join()
 
+    def finish(self) -> None:
+        """The end of a job that went well: stop watching, then wait until every rank has. Node 0 hosts the store;
+        were it to end first, a slower node's watch would find the store gone and end that node with an error."""
+        self.close()
+        dist.barrier()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             lost = self.check(time.monotonic())

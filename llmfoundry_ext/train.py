@@ -52,16 +52,19 @@ def train(run: Run, extra_callbacks: list = (), model=None):
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
     watch = start_node_watch(run.config.node_timeout_s)
     try:
-        return build_and_fit(run, device, extra_callbacks, model)
+        trainer = build_and_fit(run, device, extra_callbacks, model)
     except (ConfigError, TrainingStopped):
+        if watch:
+            watch.close()
         raise
     except Exception:
         if watch:  # a collective that failed because a node died: the watch names it and ends this process
             watch.wait_for_verdict()
-        raise
-    finally:
-        if watch:
             watch.close()
+        raise
+    if watch:
+        watch.finish()
+    return trainer
 
 
 def build_and_fit(run: Run, device, extra_callbacks: list, model):
