@@ -52,13 +52,14 @@ def test_node_timeout_must_be_positive(tiny_config, tmp_path):
 
 def finish_as_a_node(node: int, port: int, lost_file: str) -> None:
     """Node ``node`` of a 2-node job (one process each, node 0 hosting the store), watched every 10 ms: node 1 ends
-    its work 0.3 s after node 0. Anything a watch reports is appended to ``lost_file``."""
+    its work 3 s after node 0 (which, spawned, takes up to a second to exit). Anything a watch reports is appended to
+    ``lost_file``."""
     import time
     store = dist.TCPStore('127.0.0.1', port, 2, is_master=node == 0)
     dist.init_process_group('gloo', store=store, rank=node, world_size=2)
     watch = NodeWatch(store, 2, node, True, timeout=10, interval=0.01,
                       on_lost=lambda message: open(lost_file, 'a').write(message + '\n')).start()
-    time.sleep(0.3 * node)
+    time.sleep(3 * node)
     watch.finish()
 
 
@@ -66,5 +67,6 @@ def test_a_job_that_ends_well_ends_without_an_error_on_any_node(tmp_path):
     from composer.utils import get_free_tcp_port
     from torch.multiprocessing import start_processes
     lost = tmp_path / 'lost.txt'
-    start_processes(finish_as_a_node, args=(get_free_tcp_port(), str(lost)), nprocs=2, start_method='fork')
+    # spawned, not forked: the worker running this test may hold a process group of an earlier test
+    start_processes(finish_as_a_node, args=(get_free_tcp_port(), str(lost)), nprocs=2, start_method='spawn')
     assert not lost.exists(), lost.read_text()
