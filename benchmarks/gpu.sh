@@ -14,6 +14,10 @@
 #                                               loss compiled instead of liger's
 #   bash benchmarks/gpu.sh speed-1b [REPEATS]  one H100: yamls/llama1b.yaml as shipped beside torchtitan compile at local
 #                                               batch 2 and 4, each pair REPEATS times (default 1): the spread
+#   bash benchmarks/gpu.sh plan-1b [settings|versus]  one GPU: the run plan's predicted peak memory and tokens/s
+#                                               beside the measured ones, 1B at 8 samples a step: eight settings
+#                                               (micro-batch, checkpointing, float8); or the shipped YAML's auto
+#                                               choice beside torchtitan compile (LBS 4), twice
 #   bash benchmarks/gpu.sh syncs-1b             one H100: where a batch of yamls/llama1b.yaml (local batch 2) syncs
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
@@ -276,6 +280,25 @@ case "${1:-}" in
              --row "titan-b4-$i torchtitan:compile FLAVOR=1B LBS=4" --versus "ours-b4-$i:titan-b4-$i")
     done
     python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 15 --json "$OUT/speed-1b.json" "${rows[@]}" ;;
+  plan-1b)  # [settings|versus] one GPU, 1B, 8 samples a step: the run plan's predictions beside the measured peak
+    # memory and tokens/s. settings: eight explicit settings (fit_check=false: those predicted not to fit run too);
+    # versus: the shipped YAML's auto choice beside torchtitan compile (its default, bf16) at local batch 4, twice
+    Y="yamls/llama1b.yaml global_batch_size=8 fit_check=false" M=device_microbatch_size F=model.float8
+    A=parallelism.fsdp.activation_checkpointing R=parallelism.fsdp.reshard_after_forward part=${2:-settings}
+    rows=()
+    if [ "$part" = settings ]; then
+      for s in "1 none false" "2 none false" "4 none false" "8 none false" "8 selective false" "8 full false" \
+               "4 none true" "8 none true"; do
+        set -- $s
+        rows+=(--row "mb$1-$2$([ "$3" = true ] && echo -f8) $Y $M=$1 $A=$2 $F=$3 $R=false")
+      done
+    else
+      for i in 1 2; do
+        rows+=(--row "shipped-$i yamls/llama1b.yaml global_batch_size=8" --row "titan-$i torchtitan:compile FLAVOR=1B LBS=4"
+               --versus "shipped-$i:titan-$i")
+      done
+    fi
+    python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 5 --json "$OUT/plan-1b-$part.json" "${rows[@]}" ;;
   syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
     composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
       --steps 1 --syncs 2>&1 | grep -v Warning | tail -30 ;;

@@ -14,11 +14,11 @@ from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.model.composer_model import LanguageModel
-from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, init_device,
-                                       parallelize, reduce_replicas_by_sum_on_gloo)
+from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, parallelize,
+                                       reduce_replicas_by_sum_on_gloo)
 from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.trainer import Trainer
-from llmfoundry_ext.weights import load_into, load_weights_folder
+from llmfoundry_ext.weights import load_into, read_weights_tensors
 
 
 def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tuple[LanguageModel, list]:
@@ -27,10 +27,10 @@ def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tu
     activation checkpointing and compile applied (``parallelism.parallelize``). Returns the model and the
     callbacks those need (and, for a mixture of experts, its load logger)."""
     config = run.config
-    device = init_device(config)
+    device = run.plan.init_device
     with torch.device(device):
         transformer = config.model.family_entry().module(run.architecture, run.kernels)
-    callbacks = parallelize(transformer, config, context_parallel)
+    callbacks = parallelize(transformer, config, context_parallel, run.plan.shards_the_model)
     model = LanguageModel(transformer, compile_loss=config.model.compile)
     if model.routed:
         callbacks.append(ExpertLoad())
@@ -39,7 +39,7 @@ def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tu
         return model, callbacks
     model.model.init_weights()
     if config.model.init_from:
-        _, tensors = load_weights_folder(config.model.init_from)
+        tensors = read_weights_tensors(config.model.init_from, config.model.family_entry())
         load_into(model.model, tensors, skip=tuple(config.model.init_skip))
     return model, callbacks
 
@@ -122,7 +122,7 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         schedulers=schedulers,
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
-        parallelism_config=composer_parallelism(config),
+        parallelism_config=composer_parallelism(config, run.plan.shards_the_model),
         callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks, *downstream_callbacks(run),
                    *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
         algorithms=build_named('algorithms', config.algorithms),

@@ -11,7 +11,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,7 +22,10 @@ from llmfoundry_ext.model.families import FAMILIES, Family
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import INIT_SCHEMES, weight_fields
 from llmfoundry_ext.model.mixtral import MixtralConfig
+from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.weights import family_of, read_weights_config
+
+Auto = Literal['auto']  # a key that also takes 'auto': the run plan chooses (plan/run_plan.py)
 
 
 FLOAT8_RECIPES = ('tensorwise', 'rowwise')  # torchao's Float8LinearRecipeName values we offer
@@ -39,7 +42,8 @@ class ModelConfig(KernelConfig):
     init_from: Optional[str] = None  # HF Llama/Mixtral folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
-    float8: bool = False             # torchao float8 training for the blocks' linears (H100 and newer)
+    float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
+    #                                  the GPU has float8 and the plan predicts it faster
     float8_recipe: str = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
 
     def family_entry(self) -> Family:
@@ -106,12 +110,14 @@ class ObjectiveConfig:
 class FSDPConfig:
     """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``, bf16 params and fp32 gradient reduction
     under amp_bf16 (``mixed_precision: DEFAULT``)."""
-    reshard_after_forward: bool = True  # false: keep gathered params from forward to backward (more memory)
+    reshard_after_forward: bool | Auto = True  # false: keep gathered params from forward to backward (more memory)
     activation_checkpointing: str = 'none'  # none; full: recompute whole blocks; selective: keep matmul and
     #                                         attention outputs, recompute the rest (torchtitan's per-op mode);
-    #                                         full_except_attention: recompute all but attention (long context)
+    #                                         full_except_attention: recompute all but attention (long context);
+    #                                         auto: the fastest the plan predicts to fit
     checkpoint_every: int = 1  # apply it to every k-th block (full with 2: every other block recomputed)
-    replicate_degree: int = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs
+    replicate_degree: int | Auto = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs;
+    #                                   auto: a replica a node where the model fits sharded over one node
     state_dict_type: str = 'sharded'
     mixed_precision: str = 'DEFAULT'
 
@@ -156,7 +162,8 @@ class TrainConfig:
     max_seq_len: int
     global_batch_size: int
     max_duration: str
-    device_microbatch_size: Optional[int] = None  # None: the whole per-device batch at once
+    device_microbatch_size: Optional[int | Auto] = None  # None: the whole per-device batch at once; auto: the
+    #                                                     fastest the plan predicts to fit
     optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})
     scheduler: Optional[dict[str, Any]] = field(
         default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})
@@ -174,6 +181,7 @@ class TrainConfig:
     console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
     node_timeout_s: float = 30.0           # a job over several nodes stops when one is silent this long (node_watch)
+    fit_check: bool = True                 # false: train settings the plan predicts not to fit (plan/run_plan.py)
     downstream: Optional[DownstreamConfig] = None  # harness tasks evaluated every downstream.interval
 
     @property
@@ -197,16 +205,6 @@ class TrainConfig:
 
 
 PRECISIONS = ('fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8')
-
-
-def world_size() -> int:
-    """World size from the launcher's environment (composer, torchrun, srun), before any process group."""
-    return int(os.environ.get('WORLD_SIZE', '1'))
-
-
-def global_rank() -> int:
-    """This process's rank from the launcher's environment, before any process group."""
-    return int(os.environ.get('RANK', '0'))
 
 
 def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
@@ -265,7 +263,20 @@ def apply_preset(raw: dict) -> None:
     from_weights = {} if weights is None else {
         **{name: getattr(weights, name) for name in (*weight_fields(type(weights)), 'max_seq_len')},
         'init_scheme': 'gpt2'}  # fresh tensors beside trained ones (a new vocabulary) at their scale, not N(0, 1)
+    if weights is not None:
+        check_weights_match(model, weights)
     raw['model'] = {**dataclasses.asdict(family.presets[preset]), **from_weights, 'family': family.name, **model}
+
+
+def check_weights_match(model: dict, weights) -> None:
+    """The architecture keys the YAML sets are those of the ``init_from`` weights (the vocabulary aside when both
+    embeddings are drawn afresh); the run reads the weights' config.json here alone."""
+    new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.get('init_skip') or [])
+    for name in weight_fields(type(weights)):
+        theirs = getattr(weights, name)
+        if name in model and model[name] != theirs and not (name == 'vocab_size' and new_vocabulary):
+            raise ConfigError(f"model.{name}: {model[name]} but the weights in {model['init_from']} have {theirs}; "
+                              f"set model.{name}={theirs}")
 
 
 def family_named(name: str) -> Family:
@@ -295,8 +306,8 @@ def build(cls, value, path: str):
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return build(inner, value, path)
+        inner = [a for a in args if a is not type(None)]
+        return build(inner[0], value, path) if len(inner) == 1 else build_or_auto(inner, value, path)
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f'{path}: expected a mapping, got {describe(value)}')
@@ -323,6 +334,17 @@ def build_dataclass(cls, value, path: str):
         elif spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
             raise ConfigError(f'{join(path, name)}: missing required key')
     return cls(**kwargs)
+
+
+def build_or_auto(types_: list, value, path: str):
+    """A key typed ``X | Auto``: 'auto', or a value of type X."""
+    (other,) = [kind for kind in types_ if kind is not Auto]
+    if value == 'auto':
+        return value
+    try:
+        return build(other, value, path)
+    except ConfigError:
+        raise ConfigError(f"{path}: expected {other.__name__} or 'auto', got {describe(value)}") from None
 
 
 def build_scalar(cls, value, path: str):
@@ -387,6 +409,8 @@ def check_batch_split(config: TrainConfig) -> None:
         raise ConfigError(f'global_batch_size: {config.global_batch_size} is not divisible by {what}; use a multiple '
                           f'of {ranks}')
     micro = config.device_microbatch_size
+    if micro == 'auto':
+        micro = None
     if micro is not None and micro <= 0:
         raise ConfigError(f'device_microbatch_size: must be positive, got {micro}')
     if micro is not None and config.device_batch_size % micro:
@@ -394,7 +418,7 @@ def check_batch_split(config: TrainConfig) -> None:
                           f'{config.device_batch_size} (global_batch_size {config.global_batch_size} / '
                           f'{ranks} devices); pick a divisor of {config.device_batch_size}')
     tokens = (micro or config.device_batch_size) * config.max_seq_len // config.parallelism.context_parallel_degree
-    if config.model.float8 and tokens % 16:
+    if config.model.float8 is True and tokens % 16:
         raise ConfigError(f'model.float8: a micro-batch is {tokens:,} tokens a GPU, and float8 GEMMs need a multiple '
                           f'of 16 (their weight gradients sum over the tokens); make max_seq_len a multiple of 16')
 
@@ -450,18 +474,18 @@ def check_objective(config: TrainConfig) -> None:
                               f'{objective.mask_probability}')
 
 
-AC_MODES = ('none', 'full', 'selective', 'full_except_attention')
+AC_MODES = ('none', 'full', 'selective', 'full_except_attention')  # and auto (the plan's choice among the first three)
 
 
 def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:
     if fsdp is None:
         return
-    if fsdp.activation_checkpointing not in AC_MODES:
+    if fsdp.activation_checkpointing not in (*AC_MODES, 'auto'):
         raise ConfigError(f"parallelism.fsdp.activation_checkpointing: '{fsdp.activation_checkpointing}' is not one "
-                          f"of {', '.join(AC_MODES)}")
+                          f"of {', '.join(AC_MODES)}, auto")
     if fsdp.checkpoint_every < 1:
         raise ConfigError(f'parallelism.fsdp.checkpoint_every: must be >= 1, got {fsdp.checkpoint_every}')
-    if fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree:
+    if fsdp.replicate_degree != 'auto' and (fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree):
         raise ConfigError(f'parallelism.fsdp.replicate_degree: {fsdp.replicate_degree} does not divide the world '
                           f'size {world_size()}')
 
@@ -480,8 +504,9 @@ def check_context_parallel(config: TrainConfig) -> None:
     fsdp = config.parallelism.fsdp
     if fsdp is None:
         raise ConfigError(f'{key}: context parallelism runs under FSDP2; set parallelism.fsdp (not null)')
-    if (world_size() // fsdp.replicate_degree) % degree:
-        raise ConfigError(f'{key}: {degree} does not divide the {world_size() // fsdp.replicate_degree} GPUs of an '
+    replicas = 1 if fsdp.replicate_degree == 'auto' else fsdp.replicate_degree
+    if (world_size() // replicas) % degree:
+        raise ConfigError(f'{key}: {degree} does not divide the {world_size() // replicas} GPUs of an '
                           f'FSDP2 shard group (world size / parallelism.fsdp.replicate_degree)')
     if config.max_seq_len % (2 * degree):
         raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by 2 x {key} = {2 * degree} (each '

@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 
 from llmfoundry_ext.checkpoint import read_checkpoint_weights
-from llmfoundry_ext.config import DownstreamConfig, world_size
+from llmfoundry_ext.config import DownstreamConfig
+from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.weights import HF_CONFIG, NATIVE_CONFIG, family_of, load_into, load_weights_folder
 

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
-from llmfoundry_ext.config import TrainConfig, world_size
+from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.model.llama import Transformer
 
@@ -40,41 +40,16 @@ SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', *ATTENTION_OPS,
              '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default')
 
 
-def shards_the_model(config: TrainConfig) -> bool:
-    """FSDP2 (or HSDP) over the ranks: ``parallelism.fsdp`` set and more than one process. One process trains a plain
-    module under autocast, as torchtitan does on one GPU: FSDP2 over one rank only copies the parameters in and the
-    gradients out each step, and keeps the residual stream in bf16 (its parameter dtype) where autocast keeps it in
-    fp32. Its checkpoints are one file; autoresume converts between the two formats (``resumption``)."""
-    return config.parallelism.fsdp is not None and world_size() > 1
-
-
-def sharded_checkpoints(config: TrainConfig) -> bool:
-    """Composer writes a folder of shards under FSDP2 with ``state_dict_type: sharded``, else one file."""
-    return shards_the_model(config) and config.parallelism.fsdp.state_dict_type == 'sharded'
-
-
-def init_device(config: TrainConfig) -> str:
-    """``model.init_device``; auto: ``meta`` under FSDP2 on GPUs (each rank materialises its shards), but rank 0
-    builds on the CPU to load ``init_from`` (Composer then broadcasts its weights to the other ranks' shards); the
-    GPU itself for one process; ``cpu`` otherwise."""
-    if config.model.init_device != 'auto':
-        return config.model.init_device
-    if not torch.cuda.is_available():
-        return 'cpu'
-    if not shards_the_model(config):
-        return 'cuda' if world_size() == 1 else 'cpu'
-    return 'cpu' if config.model.init_from and dist.get_global_rank() == 0 else 'meta'
-
-
-def parallelize(transformer: Transformer, config: TrainConfig,
-                context_parallel: 'ContextParallel | None' = None) -> list[Callback]:
-    """Context parallelism, float8, activation checkpointing and compile on the blocks, before Composer shards them.
-    Returns the callbacks these need in training (float8's scale precompute for its fp8 all-gather)."""
+def parallelize(transformer: Transformer, config: TrainConfig, context_parallel: 'ContextParallel | None' = None,
+                sharded: bool = False) -> list[Callback]:
+    """Context parallelism, float8, activation checkpointing and compile on the blocks, before Composer shards them
+    (``sharded``: FSDP2 will, the plan's ``shards_the_model``). Returns the callbacks these need in training (float8's
+    scale precompute for its fp8 all-gather)."""
     callbacks = []
     if context_parallel is not None:
         context_parallel.apply(transformer)
     if config.model.float8:
-        fp8_all_gather = config.model.float8_recipe == 'tensorwise' and shards_the_model(config)
+        fp8_all_gather = config.model.float8_recipe == 'tensorwise' and sharded
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
@@ -207,12 +182,12 @@ class MeshFSDP2Config(FSDP2Config):
         return self.replicate_degree if self.replicate_degree > 1 else None
 
 
-def composer_parallelism(config: TrainConfig):
-    """Composer's ``parallelism_config``: FSDP2 over all ranks, or HSDP with ``replicate_degree`` replicas; None
-    for DDP and for one process (``shards_the_model``). Activation checkpointing is ours (``parallelize``), so
-    Composer's own stays off."""
+def composer_parallelism(config: TrainConfig, sharded: bool):
+    """Composer's ``parallelism_config``: FSDP2 over all ranks, or HSDP with ``replicate_degree`` replicas, where the
+    plan shards the model (``sharded``); None for DDP and for one process. Activation checkpointing is ours
+    (``parallelize``), so Composer's own stays off."""
     fsdp = config.parallelism.fsdp
-    if not shards_the_model(config):
+    if not sharded:
         return None
     return {'fsdp': MeshFSDP2Config(
         replicate_degree=fsdp.replicate_degree, reshard_after_forward=fsdp.reshard_after_forward,

@@ -1,6 +1,7 @@
 """Preflight: the run's configuration checked against this machine before any process group or GPU memory exists,
-and the values that depend on it resolved once (token ids from the tokenizer, the attention backend, the family's
-architecture and kernels), into the ``Run`` that ``build`` turns into a Trainer.
+and the values that depend on it resolved once (the run plan: ``auto`` settings and predictions; token ids from the
+tokenizer, the attention backend, the family's architecture and kernels), into the ``Run`` that ``build`` turns into
+a Trainer.
 
 Each problem is a ``ConfigError``: one line naming the key and the fix.
 """
@@ -14,22 +15,23 @@ import torch
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.cli import unwritable_reason
-from llmfoundry_ext.config import LoaderConfig, ModelConfig, TrainConfig, first_line, global_rank, load
+from llmfoundry_ext.config import LoaderConfig, ModelConfig, TrainConfig, first_line, load
 from llmfoundry_ext.data.mds import file_sha256, read_manifest
 from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.machine import Machine, global_rank, gpu_of_this_machine
 from llmfoundry_ext.model.attention import CONTEXT_PARALLEL_BACKENDS, choose_backend, has_module, missing_reason
 from llmfoundry_ext.model.fused import fused_kernels_problem
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import weight_fields
-from llmfoundry_ext.parallelism import sharded_checkpoints
+from llmfoundry_ext.plan.run_plan import RunPlan, settle
 from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
-from llmfoundry_ext.weights import read_weights_config, safetensors_files
+from llmfoundry_ext.weights import safetensors_files
 
 
 @dataclass(frozen=True)
 class Run:
-    """A run ready to build: its config and what preflight resolved from the machine."""
+    """A run ready to build: its config (every ``auto`` resolved) and what preflight resolved from the machine."""
     config: TrainConfig
+    plan: RunPlan
     architecture: object          # the family's architecture config (model.architecture())
     kernels: KernelConfig         # the model's kernels, ``attn_impl`` resolved to the backend that runs
     eos_token_id: Optional[int]   # with data.document_masking
@@ -45,9 +47,11 @@ def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
 def check(config: TrainConfig) -> Run:
     """Every check against the machine, in the order a user fixes them; the resolved Run."""
     check_hardware(config)
+    plan = settle(config, Machine.from_environment(gpu_of_this_machine()), float8_runs_here())
+    config = plan.config
     kernels = resolve_kernels(config)
     check_init_from(config.model)
-    check_checkpoint_paths(config)
+    check_checkpoint_paths(config, plan.sharded_checkpoints)
     vocabulary = Vocabulary(config)
     for split in ('train', 'eval'):
         loader = getattr(config.data, split)
@@ -57,7 +61,7 @@ def check(config: TrainConfig) -> Run:
                     check_local_stream(stream.local, f'data.{split}.streams.{name}.local', config.max_seq_len)
             vocabulary.check_streams(loader, f'data.{split}')
     registry.check_all(config)
-    return Run(config, config.model.architecture(), kernels,
+    return Run(config, plan, config.model.architecture(), kernels,
                eos_token_id=vocabulary.eos_token_id() if config.data.document_masking else None,
                mask_token_id=vocabulary.mask_token_id() if config.objective.name == 'mlm' else None,
                downstream_tasks=load_downstream_tasks(config))
@@ -75,6 +79,11 @@ def load_downstream_tasks(config: TrainConfig):
 def check_hardware(config: TrainConfig) -> None:
     if config.precision != 'fp32' and not torch.cuda.is_available():
         raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
+
+
+def float8_runs_here() -> bool:
+    """float8 training can run here: a GPU with float8 tensor cores (compute capability 8.9+) and torchao."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) and has_module('torchao')
 
 
 def resolve_kernels(config: TrainConfig) -> KernelConfig:
@@ -171,22 +180,14 @@ def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
 
 
 def check_init_from(model: ModelConfig) -> None:
-    """The weights to start from exist and have the architecture the YAML set (vocabulary aside when embeddings
-    are skipped); fields the YAML left out came from the weights (``apply_preset``)."""
+    """The weights to start from are safetensors files (their architecture was read and checked against the YAML
+    by ``config.apply_preset``)."""
     if model.init_from is None:
         return
     try:
-        source = read_weights_config(model.init_from)
         safetensors_files(model.init_from)
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
-    new_vocabulary = {'embed_tokens', 'lm_head'} <= set(model.init_skip)
-    for name in weight_fields(type(source)):
-        if name == 'vocab_size' and new_vocabulary:
-            continue
-        if getattr(model, name) != getattr(source, name):
-            raise ConfigError(f'model.{name}: {getattr(model, name)} but the weights in {model.init_from} have '
-                              f'{getattr(source, name)}; set model.{name}={getattr(source, name)}')
 
 
 class Vocabulary:
@@ -276,8 +277,9 @@ def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
     return None
 
 
-def check_checkpoint_paths(config: TrainConfig) -> None:
-    """A save folder that can be written, and a load_path (a local one) that exists in the format the run reads."""
+def check_checkpoint_paths(config: TrainConfig, sharded: bool) -> None:
+    """A save folder that can be written, and a load_path (a local one) that exists in the format the run reads
+    (``sharded``: a folder of shards, the plan's ``sharded_checkpoints``)."""
     folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
     if folder and (reason := unwritable_reason(folder)):
         raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
@@ -286,7 +288,6 @@ def check_checkpoint_paths(config: TrainConfig) -> None:
     if not os.path.exists(load_path):
         raise ConfigError(f'checkpoint.load_path: {load_path} does not exist; give a checkpoint (ep0-ba100/ or '
                           f'ep0-ba100-rank0.pt) or remove load_path')
-    sharded = sharded_checkpoints(config)
     if os.path.isdir(load_path) != sharded:
         mode, out = ('torch_to_dcp', 'ep0-ba100') if sharded else ('dcp_to_torch', 'ep0-ba100-rank0.pt')
         raise ConfigError(f'checkpoint.load_path: {load_path} is {"one file" if sharded else "a folder of shards"} '

@@ -7,7 +7,7 @@ truncated or damaged later. So: after each save rank 0 writes a seal (each file'
 and before a run starts rank 0 picks the newest checkpoint that is complete and intact, moves newer broken ones
 aside (renamed, never deleted) with one line each, and points the link at it.
 
-One process writes one file (the model unsharded: ``parallelism.shards_the_model``), FSDP2 over several a sharded
+One process writes one file (the model unsharded: the run plan's ``shards_the_model``), FSDP2 over several a sharded
 folder; Composer reads only the format the run writes. A checkpoint of the other format is converted beside it
 (torch.distributed.checkpoint's own format conversion; the original kept), so a run moves between one GPU and many
 and back, with its data order: the dataset state travels in the checkpoint either way.

@@ -11,12 +11,13 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.callbacks.console_line import EVAL_LOSS, total_batches
-from llmfoundry_ext.config import TrainConfig, global_rank, world_size
+from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
 from llmfoundry_ext.node_watch import start_node_watch
-from llmfoundry_ext.parallelism import describe_checkpointing, sharded_checkpoints
+from llmfoundry_ext.parallelism import describe_checkpointing
+from llmfoundry_ext.machine import GIB, global_rank
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.resumption import prepare_autoresume
 
@@ -75,7 +76,7 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
         if removed:
             print(f"removed streaming shared memory left by earlier runs: prefixes {', '.join(removed)}", flush=True)
     if config.checkpoint.autoresume and config.checkpoint_folder:
-        prepare_autoresume_on_rank_zero(config.checkpoint_folder, sharded_checkpoints(config))
+        prepare_autoresume_on_rank_zero(config.checkpoint_folder, run.plan.sharded_checkpoints)
     dist.barrier()
     trainer = build_trainer(run, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1
@@ -92,7 +93,7 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
         return trainer
     trainer.fit()
     if dist.get_global_rank() == 0:
-        print(end_summary(config, trainer), flush=True)
+        print(end_summary(run, trainer), flush=True)
     return trainer
 
 
@@ -157,11 +158,12 @@ def start_summary(run: Run, trainer) -> str:
     lines = [
         f'run {config.run_name}: {model.family.capitalize()} preset {model.preset} ({parameters_text}, '
         f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
-        f'  world size {world_size()}, precision {config.precision}, attention {run.kernels.attn_impl}'
+        f'  world size {run.plan.machine.world_size}, precision {config.precision}, attention {run.kernels.attn_impl}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}{context_parallel_layout(config)}, {describe_checkpointing(config)}, '
         f'compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{f', float8 {model.float8_recipe}' if model.float8 else ''}",
+        *run.plan.summary(),
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
@@ -206,8 +208,10 @@ def context_parallel_layout(config: TrainConfig) -> str:
     return f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else ''
 
 
-def end_summary(config: TrainConfig, trainer) -> str:
-    """Where the run stopped, its loss over this invocation and throughput (from an in_memory logger)."""
+def end_summary(run: Run, trainer) -> str:
+    """Where the run stopped, its loss over this invocation and throughput (from an in_memory logger), and the peak
+    memory and speed beside the plan's predictions."""
+    config = run.config
     where = f'; checkpoints in {config.checkpoint_folder}' if config.checkpoint_folder else ''
     lines = [f'run {config.run_name} stopped at batch {int(trainer.state.timestamp.batch)} of {config.max_duration}'
              + where]
@@ -221,10 +225,25 @@ def end_summary(config: TrainConfig, trainer) -> str:
     speeds = history.get('throughput/tokens_per_sec')
     if speeds:
         lines.append(f'  {float(speeds[-1][1]):,.0f} tokens/s over the last batches')
+    lines += measured_beside_predicted(run, float(speeds[-1][1]) if speeds else None)
     evaluations = next((callback.history for callback in trainer.state.callbacks
                         if isinstance(callback, DownstreamEvaluation)), [])
     return '\n'.join(lines + downstream_summary(evaluations, history.get(EVAL_LOSS, []),
                                                 trainer.state.timestamp.total_wct.total_seconds()))
+
+
+def measured_beside_predicted(run: Run, tokens_per_second: float | None) -> list[str]:
+    """'  peak memory 61.2 GiB allocated (predicted 60.4); 55,000 tokens/s a GPU (predicted 54,600)', on a GPU."""
+    if run.plan.machine.gpu is None:
+        return []
+    import torch
+    predicted = run.plan.chosen
+    line = (f'  peak memory {torch.cuda.max_memory_allocated() / GIB:.1f} GiB allocated (predicted '
+            f'{predicted.memory.peak / GIB:.1f})')
+    if tokens_per_second:
+        line += (f'; {tokens_per_second / run.plan.machine.world_size:,.0f} tokens/s a GPU (predicted '
+                 f'{predicted.tokens_per_second:,.0f})')
+    return [line]
 
 
 def downstream_summary(evaluations: list, held_out: list, run_seconds: float) -> list[str]:

@@ -98,6 +98,13 @@ def load_weights_folder(folder: str) -> tuple[object, dict[str, torch.Tensor]]:
     return load_hf(folder)
 
 
+def read_weights_tensors(folder: str, family: Family) -> dict[str, torch.Tensor]:
+    """The tensors, in our names, of an HF folder or a native one of ``family``, whose architecture the run has
+    already read (``config.apply_preset``): its config is not read again."""
+    tensors = read_safetensors(folder)
+    return tensors if os.path.isfile(os.path.join(folder, NATIVE_CONFIG)) else family.hf.from_hf(tensors)
+
+
 def check_compatible(model: torch.nn.Module, tensors: dict[str, torch.Tensor], skip: tuple[str, ...] = ()) -> None:
     """Every model tensor not skipped is in ``tensors`` with the same shape; names the first that is not."""
     expected = {k: v for k, v in model.state_dict().items() if not skipped(k, skip)}

@@ -150,9 +150,9 @@ def launched_alone(monkeypatch):
 @pytest.fixture
 def fsdp_on_one_process(monkeypatch):
     """FSDP2 over this one process as over several (its units, mixed precision and sharded checkpoints) without
-    launching more: one process alone trains unsharded (``parallelism.shards_the_model``)."""
-    from llmfoundry_ext import parallelism
-    monkeypatch.setattr(parallelism, 'shards_the_model', lambda config: config.parallelism.fsdp is not None)
+    launching more: one process alone trains unsharded (the plan's ``run_plan.shards_the_model``)."""
+    from llmfoundry_ext.plan import run_plan
+    monkeypatch.setattr(run_plan, 'shards_the_model', lambda config, machine: config.parallelism.fsdp is not None)
 
 
 @pytest.fixture(scope='module')

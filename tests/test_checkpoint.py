@@ -194,6 +194,21 @@ def test_init_from_alone_takes_the_architecture_from_the_hf_folder_and_trains(ti
     assert difference < 1e-5
 
 
+def test_init_froms_config_is_read_once_from_yaml_to_model(tiny_config, tmp_path, monkeypatch):
+    """config.json is read where the YAML's architecture is filled and checked (config.apply_preset); preflight and
+    the model's build read only the tensors."""
+    from llmfoundry_ext import weights
+    reads = []
+    for name in ('read_hf_architecture', 'read_native_config'):
+        original = getattr(weights, name)
+        monkeypatch.setattr(weights, name, lambda folder, original=original, name=name: (
+            reads.append(name), original(folder))[1])
+    source = hf_reference(tmp_path, SOURCE)
+    run = prepare(write_yaml(run_config(tiny_config, SOURCE, init_from=source), tmp_path / 'run.yaml'))
+    build_model(run)
+    assert reads == ['read_hf_architecture']
+
+
 def test_new_vocabulary_keeps_every_other_tensor(tiny_config, tmp_path):
     source = hf_reference(tmp_path, SOURCE)
     run = prepare(write_yaml(run_config(tiny_config, SOURCE, init_from=source, vocab_size=1000,

@@ -65,7 +65,11 @@ BAD_CONFIGS = [
      "model.init_scheme: 'xavier' is not one of torchtitan, gpt2"),
     (change('parallelism.fsdp.activation_checkpointing', 'some'),
      "parallelism.fsdp.activation_checkpointing: 'some' is not one of none, full, selective, "
-     "full_except_attention"),
+     "full_except_attention, auto"),
+    (change('device_microbatch_size', 'largest'),
+     "device_microbatch_size: expected int or 'auto', got str 'largest'"),
+    (change('model.float8', 'yes'),
+     "model.float8: expected bool or 'auto', got str 'yes'"),
     (change('parallelism.fsdp.activation_checkpointing', True),
      'parallelism.fsdp.activation_checkpointing: expected str, got bool True'),
     (change('parallelism.fsdp.checkpoint_every', 0),

@@ -148,10 +148,11 @@ def test_fsdp2_units_are_torchtitans(tiny_config, tmp_path, one_process_group, l
     assert [name for name, m in tied.named_modules() if tied.fsdp_wrap_fn(m)] == ['layers.0', 'layers.1']
 
 
-def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path, fsdp_on_one_process):
+def test_composer_gets_no_checkpointing_of_its_own(tiny_config, tmp_path):
     from llmfoundry_ext.parallelism import composer_parallelism
     config = run_config(tiny_config, tmp_path, 'full')
-    assert composer_parallelism(config)['fsdp'].activation_checkpointing is False
+    assert composer_parallelism(config, sharded=True)['fsdp'].activation_checkpointing is False
+    assert composer_parallelism(config, sharded=False) is None
 
 
 @pytest.mark.parametrize('split', [False, True])

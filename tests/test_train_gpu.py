@@ -7,7 +7,6 @@ import torch
 
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.build import build_trainer
-from llmfoundry_ext.parallelism import init_device
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.model.attention import attend
 from llmfoundry_ext.train import logged_history, train
@@ -32,7 +31,7 @@ def test_meta_init_fsdp2_bf16_training(tiny_config, tmp_path, fsdp_on_one_proces
     tiny_config['optimizer']['lr'] = 3e-3
     tiny_config['callbacks'] = {}
     run = prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))
-    assert init_device(run.config) == 'meta'
+    assert run.plan.init_device == 'meta'
 
     trainer = build_trainer(run)  # shards with FSDP2, then materialises and initialises each shard
     assert trainer.state.train_dataloader.pin_memory

@@ -11,6 +11,7 @@ A row is ``NAME SOURCE [key=value ...]``, its SOURCE saying what trains:
 Our and HF rows run in their own ``composer -n GPUS`` process (fresh GPU memory and compile caches) over one data
 folder the parent wrote for every rank; rank 0 writes the row's figures to a JSON file the parent reads.
 """
+import dataclasses
 import functools
 import json
 import os
@@ -180,7 +181,14 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     timer, recorder = StepTimer(warmup), LossRecorder()
     model = (HFCausalLM(run.architecture, HF_EXPERTS[row.model], config.model.init_from)
              if row.model in HF_EXPERTS else None)
-    trainer = train(run, extra_callbacks=[timer, recorder], model=model)
+    plan = run.plan.chosen
+    predicted = {'setting': dataclasses.asdict(plan.setting), 'predicted_peak_gib': plan.memory.peak / GIB,
+                 'predicted_fits': plan.fits, 'predicted_tokens_per_second_per_gpu': plan.tokens_per_second}
+    try:
+        trainer = train(run, extra_callbacks=[timer, recorder], model=model)
+    except torch.OutOfMemoryError:
+        return {'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
+                'error': 'out of memory', **predicted}
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
@@ -197,7 +205,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
-        'grad_norms': recorder.norms(), **hf,
+        'grad_norms': recorder.norms(), **hf, **predicted,
     }
 
 
@@ -289,17 +297,25 @@ def format_table(results: list[dict], baseline: str | None) -> str:
     """One line per row; ``vs base`` is tokens/s relative to the baseline row."""
     base = next((r for r in results if r['name'] == baseline and 'error' not in r), None)
     lines = [f"{'run':<26}{'model':<11}{'tok/s/GPU':>10}{'MFU':>7}{'step s':>8}{'alloc GiB':>10}{'resv GiB':>9}"
-             f"{'vs base':>8}"]
+             f"{'vs base':>8}{'predicted: GiB':>15}{'tok/s':>8}"]
     for r in results:
         if 'error' in r:
-            lines.append(f"{r['name']:<26}{r['model']:<11}failed: {r['error']}")
+            lines.append(f"{r['name']:<26}{r['model']:<11}failed: {r['error']}{predictions(r)}")
             continue
         ratio = f"{r['tokens_per_second_per_gpu'] / base['tokens_per_second_per_gpu']:.2f}x" if base else '-'
         lines.append(f"{r['name']:<26}{r['model']:<11}{r['tokens_per_second_per_gpu']:>10,.0f}"
                      f"{optional(r['mfu'], '{:.1%}'):>7}{optional(r['step_seconds'], '{:.3f}'):>8}"
                      f"{optional(r['peak_allocated_gib'], '{:.1f}'):>10}{optional(r['peak_reserved_gib'], '{:.1f}'):>9}"
-                     f"{ratio:>8}")
+                     f"{ratio:>8}{predictions(r)}")
     return '\n'.join(lines)
+
+
+def predictions(row: dict) -> str:
+    """The run plan's predicted peak allocated GiB (and whether it fits) and tokens/s a GPU, for our rows."""
+    if 'predicted_peak_gib' not in row:
+        return ''
+    fits = {True: '', False: ' (no fit)', None: ''}[row['predicted_fits']]
+    return f"{row['predicted_peak_gib']:>15.1f}{row['predicted_tokens_per_second_per_gpu']:>8,.0f}{fits}"
 
 
 def optional(value, form: str) -> str:

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from llmfoundry_ext.config import world_size
+from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.model.attention import SDPA_KERNELS, sdpa_backend
 from llmfoundry_ext.model.llama import PRESETS, InnerAttention, LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import ContextParallel

@@ -23,17 +23,22 @@ def test_rows_name_their_model_in_the_source_not_the_name():
 
 def test_table_gives_each_row_against_the_baseline_and_each_pair_its_ratio():
     common = {'step_seconds': 0.5, 'peak_allocated_gib': 40.0, 'peak_reserved_gib': 42.5}
+    plan = {'predicted_peak_gib': 41.25, 'predicted_fits': True, 'predicted_tokens_per_second_per_gpu': 51234.0}
     results = [{'name': 'hf', 'model': 'hf', 'tokens_per_second_per_gpu': 20000.0, 'mfu': 0.25, **common},
-               {'name': 'ours', 'model': 'ours', 'tokens_per_second_per_gpu': 50000.0, 'mfu': 0.625, **common},
+               {'name': 'ours', 'model': 'ours', 'tokens_per_second_per_gpu': 50000.0, 'mfu': 0.625, **common, **plan},
                {'name': 'titan', 'model': 'torchtitan', 'tokens_per_second_per_gpu': 40000.0, 'mfu': 0.5,
                 'step_seconds': None, 'peak_allocated_gib': None, 'peak_reserved_gib': 45.0},
-               {'name': 'broken', 'model': 'ours', 'error': 'exit status 1'}]
+               {'name': 'broken', 'model': 'ours', 'error': 'exit status 1'},
+               {'name': 'oom', 'model': 'ours', 'error': 'out of memory', **plan, 'predicted_fits': False}]
     assert format_table(results, 'hf').splitlines() == [
-        'run                       model       tok/s/GPU    MFU  step s alloc GiB resv GiB vs base',
+        'run                       model       tok/s/GPU    MFU  step s alloc GiB resv GiB vs base '
+        'predicted: GiB   tok/s',
         'hf                        hf             20,000  25.0%   0.500      40.0     42.5   1.00x',
-        'ours                      ours           50,000  62.5%   0.500      40.0     42.5   2.50x',
+        'ours                      ours           50,000  62.5%   0.500      40.0     42.5   2.50x'
+        '           41.2  51,234',
         'titan                     torchtitan     40,000  50.0%       -         -     45.0   2.00x',
-        'broken                    ours       failed: exit status 1']
+        'broken                    ours       failed: exit status 1',
+        'oom                       ours       failed: out of memory           41.2  51,234 (no fit)']
     compared = comparisons(results, ['ours:titan', 'broken:titan'])
     assert compared == [{'ours': 'ours', 'theirs': 'titan', 'ratio': 1.25},
                         {'ours': 'broken', 'theirs': 'titan', 'ratio': None}]

@@ -1,0 +1,132 @@
+"""Peak GPU memory of a training step, predicted from the architecture and the settings (no GPU needed).
+
+Derived analytically, tensor by tensor, as PyTorch allocates them in our step (bytes; P parameters, N the ranks a
+parameter is sharded over, T tokens a GPU in a micro-batch, L blocks, d model width, kv the key/value width, f the
+feed-forward width a token runs through, V the vocabulary):
+- **states**: fp32 parameters and AdamW's two fp32 moments, 12 P / N; **gradients** fp32, 4 P / N, alive from the
+  backward to the optimizer step and, with several micro-batches a step, through the next micro-batch's forward.
+- **weights for compute** in bf16: under FSDP2 each block's gathered parameters, for all blocks from forward to
+  backward when ``reshard_after_forward`` is false, else the block running and the one prefetched; one GPU (no
+  FSDP2): autocast's bf16 copies of every linear weight, kept for the backward. float8 halves them (fp8 all-gather,
+  fp8 weights saved).
+- **activations** a block, bytes a token, what the backward keeps: none: the residual stream in and after
+  attention (fp32 under autocast on one GPU, bf16 under FSDP2), both norms' outputs, q, k, v, the attention output
+  and its log-sum-exp, SwiGLU's gate, up and product: R + 2 (4d + 2kv + 3f) + 4 heads; selective (torchtitan's
+  op policy: every other matmul kept) the block input, q, v, the attention output, gate and down: R/2 + 2 (3d + kv +
+  f); full: the block input R/2; full_except_attention: R/2 + 2d; float8 without checkpointing keeps the linears'
+  inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``).
+- **the loss**: liger's fused kernel computes the output layer's fp32 gradient (4 V d) in the forward; the compiled
+  loss keeps bf16 logits and their gradient (4 V a token); the eager loss fp32 logits too (10 V a token). They are
+  freed before the backward recomputes its first checkpointed block (the block's activations without checkpointing),
+  so the larger of the two counts.
+- at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
+
+The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
+peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
+H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
+H200 at eight settings (``benchmarks/results/plan``; README, Planning). The counter it predicts is
+``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
+plan's fit margin covers (``run_plan.usable_bytes``).
+"""
+import math
+from dataclasses import dataclass
+
+# float8 without checkpointing keeps this many times (3d + f) bytes a token a block less, fitted on one measurement
+# each: the 1B on one H100 (autocast; its compiled block also stops keeping parts of the fp32 residual) and the 8B
+# over two H200s (FSDP2).
+FLOAT8_ACTIVATION_SAVING = {'one GPU': 1.7, 'sharded': 0.85}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The choices the plan makes (``auto``) or obeys: what changes speed and memory."""
+    micro_batch: int
+    checkpointing: str = 'none'     # none, selective, full, full_except_attention
+    reshard_after_forward: bool = True
+    float8: bool = False
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What else of the run the memory depends on."""
+    seq_len: int                 # tokens of a sequence a GPU holds (max_seq_len / context_parallel_degree)
+    shard_ranks: int = 1         # N: the ranks each parameter is sharded over (1: unsharded)
+    sharded: bool = False        # FSDP2 over several ranks (else one process under autocast, or DDP)
+    accumulating: bool = False   # several micro-batches a step
+    loss: str = 'fused'          # fused (liger), compiled, eager
+    checkpoint_every: int = 1
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    parts: dict       # name -> bytes at the peak
+    peak: int         # bytes: torch.cuda.max_memory_allocated predicted
+    phase: str        # 'forward' (its end) or 'backward' (its end)
+
+
+def block_params(arch) -> int:
+    kv_dim = arch.n_kv_heads * arch.head_dim
+    return arch.dim * (2 * arch.dim + 2 * kv_dim) + arch.feed_forward_params() + 2 * arch.dim
+
+
+def active_ffn_width(arch) -> int:
+    """f: the feed-forward width a token runs through (a Mixtral token runs through ``experts_per_token``)."""
+    return arch.ffn_dim * getattr(arch, 'experts_per_token', 1)
+
+
+def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> int:
+    """What one block keeps for its backward, a token (module docstring)."""
+    d, kv, f = arch.dim, arch.n_kv_heads * arch.head_dim, active_ffn_width(arch)
+    residual = (4 if sharded else 8) * d  # the block's input and the residual after attention
+    log_sum_exp = 4 * arch.n_heads
+    if mode == 'none':
+        kept = residual + 2 * (4 * d + 2 * kv + 3 * f) + log_sum_exp
+        saving = FLOAT8_ACTIVATION_SAVING['sharded' if sharded else 'one GPU']
+        return kept - (int(saving * (3 * d + f)) if float8 else 0)
+    if mode == 'selective':
+        return residual // 2 + 2 * (3 * d + kv + f) + log_sum_exp
+    if mode == 'full_except_attention':
+        return residual // 2 + 2 * d + log_sum_exp
+    if mode == 'full':
+        return residual // 2
+    raise ValueError(f'unknown activation checkpointing mode {mode!r}')
+
+
+def loss_bytes(arch, tokens: int, loss: str) -> int:
+    if loss == 'fused':
+        return 4 * arch.vocab_size * arch.dim
+    return (4 if loss == 'compiled' else 10) * arch.vocab_size * tokens
+
+
+def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
+    """The predicted peak and its parts (module docstring)."""
+    params, per_block, layers = arch.num_params(), block_params(arch), arch.n_layers
+    output_params = arch.vocab_size * arch.dim
+    tokens = setting.micro_batch * layout.seq_len
+    shards = layout.shard_ranks
+    weight_bytes = 1 if setting.float8 else 2
+    if layout.sharded:
+        gathered_blocks = layers if not setting.reshard_after_forward else 2
+        compute_weights = weight_bytes * gathered_blocks * per_block + 2 * output_params
+    else:
+        compute_weights = weight_bytes * layers * (per_block - 2 * arch.dim) + 2 * output_params
+    checkpointed = 0 if setting.checkpointing == 'none' else math.ceil(layers / layout.checkpoint_every)
+    plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8)
+    kept = activation_bytes_per_token(arch, setting.checkpointing, layout.sharded, False) if checkpointed else 0
+    states, gradients = 12 * params // shards, 4 * params // shards
+    forward = {
+        'parameters and optimizer state': states,
+        'gradients': gradients if layout.accumulating else 0,
+        'weights for compute': compute_weights,
+        'activations': tokens * ((layers - checkpointed) * plain + checkpointed * kept + 4 * arch.dim),
+        # the loss's tensors are freed before the backward recomputes its first checkpointed block
+        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss),
+                                                   tokens * plain if checkpointed else 0),
+    }
+    largest_unit = max(per_block, output_params)
+    backward = {'parameters and optimizer state': states, 'gradients': gradients,
+                'largest unit gathered, its gradient unsharded': (6 if layout.sharded else 0) * largest_unit}
+    forward_peak, backward_peak = sum(forward.values()), sum(backward.values())
+    if forward_peak >= backward_peak:
+        return MemoryEstimate(forward, forward_peak, 'forward')
+    return MemoryEstimate(backward, backward_peak, 'backward')

@@ -1,0 +1,83 @@
+"""The memory model: its arithmetic on a small config, and its predictions beside the peaks measured on GPUs."""
+import pytest
+
+from llmfoundry_ext.model.llama import PRESETS, LlamaConfig
+from llmfoundry_ext.machine import GIB
+from llmfoundry_ext.plan.memory import Layout, Setting, estimate
+from tests.plan import h200_rows
+
+SMALL = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256, tie_embeddings=False)
+# 106,816 parameters: a block 64 x (2 x 64 + 2 x 32) attention + 3 x 64 x 128 feed-forward + 2 x 64 norms = 36,992;
+# embeddings and output 256 x 64 = 16,384 each; the final norm 64. Two GPUs shard it; micro-batch 2 x 32 tokens.
+SHARDED = Layout(seq_len=32, shard_ranks=2, sharded=True)
+
+
+def test_without_checkpointing_the_peak_is_the_forward_end():
+    peak = estimate(SMALL, Setting(micro_batch=2), SHARDED)
+    assert peak.parts == {
+        'parameters and optimizer state': 12 * 106_816 // 2,          # 640,896
+        'gradients': 0,                                                  # one micro-batch: none during the forward
+        'weights for compute': 2 * 2 * 36_992 + 2 * 16_384,             # two blocks gathered, and the output layer
+        # a token a block: residual 4 x 64 + 2 x (4 x 64 + 2 x 32 + 3 x 128) + log-sum-exp 4 x 4 = 1,680; 64 tokens,
+        # 2 blocks, and the final hidden state 4 x 64
+        'activations': 64 * (2 * 1_680 + 4 * 64),
+        'loss, or the block recomputed first': 4 * 256 * 64,            # liger: the output layer's fp32 gradient
+    }
+    assert (peak.peak, peak.phase) == (1_118_592, 'forward')
+
+
+def test_full_checkpointing_moves_the_peak_to_the_backward_end():
+    peak = estimate(SMALL, Setting(micro_batch=2, checkpointing='full'), SHARDED)
+    assert peak.parts == {
+        'parameters and optimizer state': 640_896,
+        'gradients': 4 * 106_816 // 2,                                   # 213,632
+        'largest unit gathered, its gradient unsharded': 6 * 36_992,     # a block: bf16 gathered + fp32 gradient
+    }
+    assert (peak.peak, peak.phase) == (1_076_480, 'backward')
+    assert estimate(SMALL, Setting(2, 'full'), SHARDED).peak < estimate(SMALL, Setting(2), SHARDED).peak
+
+
+def test_more_micro_batches_a_step_keep_the_gradients_through_the_forward():
+    one, several = (estimate(SMALL, Setting(2), Layout(32, 2, True, accumulating=flag)) for flag in (False, True))
+    assert several.peak - one.peak == 4 * 106_816 // 2
+
+
+# Peaks measured on GPUs (torch.cuda.max_memory_allocated, GiB), from benchmarks/results: the model, its settings,
+# the layout, the measured peak. The 1B trains on one H100 (autocast), the 8B over two H200s (FSDP2), seq 8192.
+ONE_GPU, TWO_GPUS = Layout(8192), Layout(8192, shard_ranks=2, sharded=True)
+MEASURED = [
+    ('1b', Setting(2), Layout(8192, loss='compiled'), 44.41, 'speed-1b_h100_60e4d3f_lease1.json ours-b2-1'),
+    ('1b', Setting(4), Layout(8192, loss='compiled'), 72.14, 'speed-1b_h100_60e4d3f_lease1.json ours-b4-1'),
+    ('1b', Setting(2), ONE_GPU, 36.03, 'gpu_bench-1b_h100_1c53079.json ours-b2'),
+    ('1b', Setting(4), ONE_GPU, 55.37, 'gpu_bench-1b_h100_1c53079.json ours-b4'),
+    ('1b', Setting(4, float8=True), ONE_GPU, 43.70, 'llama1b_h100_options.json ours-best-b4-float8'),
+    ('8b', Setting(1), TWO_GPUS, 83.66, 'gpu_bench-8b-none-float8_2xh200.json ours-none'),
+    ('8b', Setting(1, reshard_after_forward=False), TWO_GPUS, 97.24,
+     'gpu_bench-8b-none-float8_2xh200.json ours-none-keep'),
+    ('8b', Setting(1, 'selective'), TWO_GPUS, 63.62, 'gpu_bench-8b_2xh200.json ours-selective'),
+    ('8b', Setting(1, 'selective', False), TWO_GPUS, 76.79, 'gpu_bench-8b-all_2xh200_ab6ff06.json ours-selective'),
+    ('8b', Setting(1, 'full'), TWO_GPUS, 62.83, 'gpu_bench-8b_2xh200.json ours-full'),
+    ('8b', Setting(1, 'full', False), TWO_GPUS, 65.69, 'gpu_bench-8b-all_2xh200_ab6ff06.json ours-full'),
+    ('8b', Setting(1, float8=True), TWO_GPUS, 77.84, 'gpu_bench-8b-none-float8_2xh200.json ours-float8'),
+    ('8b', Setting(1, 'none', False, True), TWO_GPUS, 85.11, 'gpu_bench-8b-none-float8_2xh200.json ours-float8-keep'),
+    ('8b', Setting(1, reshard_after_forward=False), Layout(8192, 2, True, loss='compiled'), 99.26,
+     'gpu_bench-8b-compiled-ce_2xh200_6bdbe29.json ours-none-compiled-ce'),
+]
+
+
+@pytest.mark.parametrize('preset, setting, layout, measured, source', MEASURED, ids=[m[-1] for m in MEASURED])
+def test_the_prediction_is_within_6_percent_of_the_measured_peak(preset, setting, layout, measured, source):
+    predicted = estimate(PRESETS[preset], setting, layout).peak / GIB
+    assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured} measured ({source})'
+
+
+@pytest.mark.parametrize('row', h200_rows(), ids=lambda row: row['name'])
+def test_the_prediction_is_within_6_percent_of_the_1b_on_one_h200(row):
+    """bash benchmarks/gpu.sh plan-1b: 8 samples a step (below 8 a micro-batch: gradients kept through the forward),
+    the loss compiled, as llama1b.yaml. Measured with the model before the loss and the first recomputed block were
+    taken as successive (selective and full then predicted 90.2 and 61.1 GiB: +11.6 %, +9.7 %)."""
+    setting = Setting(**row['setting'])
+    layout = Layout(8192, accumulating=setting.micro_batch < 8, loss='compiled')
+    predicted = estimate(PRESETS['1b'], setting, layout).peak / GIB
+    measured = row['peak_allocated_gib']
+    assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured:.2f} measured'

@@ -1,0 +1,90 @@
+"""The run plan: auto settings chosen for a stated GPU, explicit settings that do not fit refused before training."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from llmfoundry_ext.config import load
+from llmfoundry_ext.errors import ConfigError
+from llmfoundry_ext.machine import Machine, gpu_named
+from llmfoundry_ext.plan.memory import Setting
+from llmfoundry_ext.plan.run_plan import settle
+from tests.conftest import REPO, write_yaml
+
+EVERY_KEY_AUTO = ['device_microbatch_size=auto', 'parallelism.fsdp.activation_checkpointing=auto',
+                  'parallelism.fsdp.reshard_after_forward=auto', 'model.float8=auto']
+
+
+def test_auto_is_the_fastest_setting_predicted_to_fit_a_60_gib_gpu():
+    """1B, 8 samples a step on one GPU without float8: micro-batch 8 and 4 without checkpointing (130.1 and 77.7 GiB
+    predicted) do not fit 55.2 GiB; 2 without (49.2 GiB, 53,665 tokens/s) is the fastest that does (then 1 without,
+    51,753; 4 with selective, 55.2 GiB, 51,309)."""
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', *EVERY_KEY_AUTO])
+    plan = settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
+    assert plan.chosen.setting == Setting(micro_batch=2, checkpointing='none', reshard_after_forward=False,
+                                          float8=False)
+    resolved = plan.config
+    assert (resolved.device_microbatch_size, resolved.parallelism.fsdp.activation_checkpointing,
+            resolved.parallelism.fsdp.reshard_after_forward, resolved.model.float8) == (2, 'none', False, False)
+    assert len(plan.candidates) == 4 * 3 * 1 * 1  # micro-batch 1, 2, 4, 8; three modes; one GPU: no resharding
+
+
+def test_auto_turns_float8_on_where_the_gpu_has_it():
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', *EVERY_KEY_AUTO])
+    plan = settle(config, Machine.described(1, gpu_named('h100')), float8_available=True)
+    assert plan.chosen.setting == Setting(micro_batch=4, checkpointing='none', reshard_after_forward=False,
+                                          float8=True)
+
+
+def test_an_explicit_setting_predicted_not_to_fit_is_refused_naming_one_that_fits():
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), [
+        'global_batch_size=8', 'device_microbatch_size=4', 'parallelism.fsdp.activation_checkpointing=none',
+        'parallelism.fsdp.reshard_after_forward=false', 'model.float8=false'])
+    with pytest.raises(ConfigError) as refused:
+        settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
+    assert str(refused.value) == (
+        'device_microbatch_size: micro-batch 4, checkpointing none, reshard false, float8 false is predicted to need '
+        '77.7 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB (H100 speed assumed) (60.0 GiB, less 5% '
+        'and 2.0 GiB outside the allocator); set device_microbatch_size=2 (predicted 49.2 GiB, 53,665 tokens/s a '
+        'GPU), or auto')
+
+
+def test_when_no_auto_choice_fits_the_explicit_key_to_change_is_named():
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', 'device_microbatch_size=8'])
+    with pytest.raises(ConfigError) as refused:
+        settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
+    assert str(refused.value) == (
+        'device_microbatch_size: the smallest setting auto may take here (micro-batch 8, checkpointing full, reshard '
+        'false, float8 false) is predicted to need 55.9 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB '
+        '(H100 speed assumed) (60.0 GiB, less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=2 '
+        '(predicted 49.2 GiB, 53,665 tokens/s a GPU), or auto')
+
+
+def test_train_refuses_it_with_exit_status_2_before_any_process_group(tiny_config, tmp_path, monkeypatch):
+    """On a (described) GPU of 0.01 GiB even the tiny model does not fit: one line, status 2, no process group."""
+    from llmfoundry_ext import preflight, train
+
+    def no_process_group(*args):
+        raise AssertionError('a process group was started')
+
+    monkeypatch.setattr(preflight, 'gpu_of_this_machine', lambda: gpu_named('0.01'))
+    monkeypatch.setattr(train.dist, 'initialize_dist', no_process_group)
+    tiny_config['device_microbatch_size'] = 4
+    yaml = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    assert train.main([yaml]) == 2
+
+
+def test_train_prints_the_refusal_as_one_line(tiny_config, tmp_path):
+    tiny_config['device_microbatch_size'] = 4
+    yaml = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    code = ('import sys; from llmfoundry_ext import preflight; from llmfoundry_ext.machine import gpu_named; '
+            'preflight.gpu_of_this_machine = lambda: gpu_named("0.01"); from llmfoundry_ext.train import main; '
+            f'sys.exit(main([{yaml!r}]))')
+    result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 2
+    assert re.fullmatch(r'config error: device_microbatch_size: micro-batch 4, checkpointing none, reshard true, '
+                        r'float8 false is predicted to need [\d.]+ GiB a GPU, more than the -[\d.]+ GiB that fits '
+                        r'a GPU of 0.01 GiB .*, and no setting fits; use more GPUs, '
+                        r'parallelism.context_parallel_degree, or a shorter max_seq_len\n', result.stderr), result.stderr

@@ -1,0 +1,42 @@
+"""The speed model beside the tokens/s measured on GPUs (benchmarks/results)."""
+import pytest
+
+from llmfoundry_ext.model.llama import PRESETS
+from llmfoundry_ext.machine import GPUS
+from llmfoundry_ext.plan.memory import Setting
+from llmfoundry_ext.plan.speed import tokens_per_second
+from tests.plan import h200_rows
+
+# preset, setting, tokens a micro-batch (and a step) a GPU, FSDP2 over 2 GPUs, GPU, measured tokens/s a GPU, source
+MEASURED = [
+    ('1b', Setting(2), 16384, False, 'h100', 51646, 'speed-1b_h100_60e4d3f_lease1.json ours-b2-1'),
+    ('1b', Setting(4), 32768, False, 'h100', 54598, 'speed-1b_h100_60e4d3f_lease1.json ours-b4-1'),
+    ('1b', Setting(4, float8=True), 32768, False, 'h100', 61300, 'llama1b_h100_options.json ours-best-b4-float8'),
+    ('8b', Setting(1), 8192, True, 'h200', 9305, 'gpu_bench-8b-none-float8_2xh200.json ours-none'),
+    ('8b', Setting(1, reshard_after_forward=False), 8192, True, 'h200', 9542,
+     'gpu_bench-8b-none-float8_2xh200.json ours-none-keep'),
+    ('8b', Setting(1, 'selective', False), 8192, True, 'h200', 8859,
+     'gpu_bench-8b-all_2xh200_ab6ff06.json ours-selective'),
+    ('8b', Setting(1, 'full', False), 8192, True, 'h200', 7988, 'gpu_bench-8b-all_2xh200_ab6ff06.json ours-full'),
+    ('8b', Setting(1, 'none', False, True), 8192, True, 'h200', 11141,
+     'gpu_bench-8b-none-float8_2xh200.json ours-float8-keep'),
+]
+
+
+@pytest.mark.parametrize('preset, setting, tokens, sharded, gpu, measured, source', MEASURED,
+                         ids=[m[-1] for m in MEASURED])
+def test_the_prediction_is_within_3_percent_of_the_measured_speed(preset, setting, tokens, sharded, gpu, measured,
+                                                                    source):
+    predicted = tokens_per_second(PRESETS[preset], setting, 8192, tokens, tokens, 2 if sharded else 1, sharded,
+                                  GPUS[gpu])
+    assert abs(predicted / measured - 1) < 0.03, f'{predicted:,.0f} predicted, {measured:,} measured ({source})'
+
+
+@pytest.mark.parametrize('row', h200_rows(), ids=lambda row: row['name'])
+def test_the_prediction_is_within_3_percent_of_the_1b_on_one_h200(row):
+    """bash benchmarks/gpu.sh plan-1b: 8 samples a step, eight settings of micro-batch, checkpointing and float8."""
+    setting = Setting(**row['setting'])
+    predicted = tokens_per_second(PRESETS['1b'], setting, 8192, setting.micro_batch * 8192, 8 * 8192, 1, False,
+                                  GPUS['h200'])
+    measured = row['tokens_per_second_per_gpu']
+    assert abs(predicted / measured - 1) < 0.03, f'{predicted:,.0f} predicted, {measured:,.0f} measured'
