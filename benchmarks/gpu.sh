@@ -36,9 +36,10 @@
 #   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
-#                                               liger eager titan-again) on each of SEEDS ("1 2"; hf on the first
-#                                               only); STEPS (500) steps; CORPUS_MB (40) of text; the rows nofsdp,
-#                                               compiled-loss and matched of the recorded runs equal ours since 25bbbba;
+#                                               liger eager titan-again; shipped: the YAML's auto settings) on each
+#                                               of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
+#                                               CORPUS_MB (40) of text; the rows nofsdp, compiled-loss and matched of
+#                                               the recorded runs equal ours since 25bbbba;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
 #   bash benchmarks/gpu.sh learning-2gpu [SEED]  2 GPUs: the row ours on 1 GPU, then ours-2gpu on 2 (the same global
@@ -199,12 +200,17 @@ long_8b() {  # the same command each call: batches 1-5 and a checkpoint (stop_af
 
 AC=parallelism.fsdp.activation_checkpointing
 HARNESS_NOISE='Running loglikelihood|Warning|it/s\]'  # the harness's progress lines, left out of the console
-declare -A OURS=([none]="" [selective]="$AC=selective" [full]="$AC=full" [float8]="model.float8=true")
+# each mode as its name says, whatever the YAML's auto would choose (bf16 unless float8, the weights kept gathered)
+KEEP="parallelism.fsdp.reshard_after_forward=false"
+declare -A OURS=([none]="$AC=none model.float8=false $KEEP" [selective]="$AC=selective model.float8=false $KEEP"
+                 [full]="$AC=full model.float8=false $KEEP" [float8]="$AC=none model.float8=true $KEEP")
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
-# torchtitan's 1B flavor: Llama-3.2-1B's shape with an untied output layer and Llama-3.1's RoPE scaling (factor 8)
-L="yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
-declare -A LEARN=([ours]="ours $L" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
+# torchtitan's 1B flavor: Llama-3.2-1B's shape with an untied output layer and Llama-3.1's RoPE scaling (factor 8);
+# ours in bf16 without checkpointing (S: the shipped YAML's auto settings, float8 where the GPU has it)
+S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
+L="$S device_microbatch_size=2 $AC=none model.float8=false"
+declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
