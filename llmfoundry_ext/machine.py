@@ -1,5 +1,6 @@
 """The machine a run has: its processes (from the launcher's environment, the only place it is read) and its GPU
 (from the device, or named on the command line for ``scripts/plan.py``)."""
+import contextlib
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -88,6 +89,23 @@ class Machine:
     def described(cls, gpus: int, gpu: GPU, gpus_per_node: int = 8) -> 'Machine':
         """A machine of ``gpus`` GPUs, ``gpus_per_node`` a node (fewer: one node), for planning elsewhere."""
         return cls(world_size=gpus, local_world_size=min(gpus, gpus_per_node), gpu=gpu)
+
+
+@contextlib.contextmanager
+def launched_as(machine: Machine):
+    """This process seen as a rank of ``machine``'s launch while the block runs (``scripts/plan.py`` plans for a
+    machine it does not run on); the environment is restored after."""
+    names = {'WORLD_SIZE': machine.world_size, 'LOCAL_WORLD_SIZE': machine.local_world_size}
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: str(value) for name, value in names.items()})
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
 
 
 def world_size() -> int:

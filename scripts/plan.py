@@ -15,7 +15,7 @@ import json
 import sys
 
 from llmfoundry_ext.errors import ConfigError
-from llmfoundry_ext.machine import Machine, gpu_named
+from llmfoundry_ext.machine import Machine, gpu_named, launched_as
 from llmfoundry_ext.plan.table import plan_for, render, rows
 
 
@@ -30,18 +30,22 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)
     try:
         machine = Machine.described(args.gpus, gpu_named(args.gpu), args.gpus_per_node)
-        every, own = plan_for(args.yaml, args.overrides, machine)
-    except (ConfigError, ValueError) as error:
-        print(f'config error: {error}', file=sys.stderr)
-        return 2
-    print(render(every, own, args.yaml))
-    if args.json:
+    except ValueError as error:
+        parser.error(str(error))
+    with launched_as(machine):  # the config is validated, and its batch split, for that machine's processes
+        try:
+            every, own = plan_for(args.yaml, args.overrides, machine)
+        except ConfigError as error:
+            print(f'config error: {error}', file=sys.stderr)
+            return 2
+        print(render(every, own, args.yaml))
         refused = isinstance(own, ConfigError)
-        with open(args.json, 'w') as file:
-            json.dump({'yaml': args.yaml, 'overrides': args.overrides, 'gpus': args.gpus, 'gpu': machine.gpu.name,
-                       'rows': rows(every, None if refused else own), 'refused': str(own) if refused else None,
-                       'auto': [] if refused else list(own.auto_keys)}, file, indent=1)
-    return 2 if isinstance(own, ConfigError) else 0
+        if args.json:
+            with open(args.json, 'w') as file:
+                json.dump({'yaml': args.yaml, 'overrides': args.overrides, 'gpus': args.gpus, 'gpu': machine.gpu.name,
+                           'rows': rows(every, None if refused else own), 'refused': str(own) if refused else None,
+                           'auto': [] if refused else list(own.auto_keys)}, file, indent=1)
+    return 2 if refused else 0
 
 
 if __name__ == '__main__':

@@ -1,7 +1,6 @@
 """``scripts/plan.py``: a run's plan on a machine described on the command line, as a table of every setting the
 ``auto`` keys range over (the YAML's own settings marked) and as JSON."""
 import dataclasses
-import os
 
 from llmfoundry_ext.config import load
 from llmfoundry_ext.errors import ConfigError
@@ -12,9 +11,9 @@ TRILLION = 10 ** 12
 
 
 def plan_for(yaml_path: str, overrides: list[str], machine: Machine) -> tuple[RunPlan, RunPlan | ConfigError]:
-    """(the plan with every key auto: the table's rows; the YAML's own plan, or why it is refused)."""
-    os.environ.update(WORLD_SIZE=str(machine.world_size), LOCAL_WORLD_SIZE=str(machine.local_world_size))
-    config = load(yaml_path, overrides)  # validated for that machine's world size
+    """(the plan with every key auto: the table's rows; the YAML's own plan, or why it is refused). Call it, and
+    read its plans, ``launched_as(machine)``."""
+    config = load(yaml_path, overrides)
     every = settle(every_key_auto(config), machine, machine.gpu.has_float8)
     try:
         own = settle(config, machine, machine.gpu.has_float8)
@@ -67,6 +66,6 @@ def render(every: RunPlan, own: RunPlan | ConfigError, yaml_path: str) -> str:
         lines.append(f'the YAML as set is refused: {refused}')
     else:
         lines += [f"* the YAML's plan{' (auto: ' + ', '.join(own.auto_keys) + ')' if own.auto_keys else ''}",
-                  f'1T tokens: {format_duration(own.seconds_for(TRILLION))} on {machine.world_size} GPUs '
+                  f'1T tokens: {format_duration(own.seconds_for(TRILLION))} on {plural(machine.world_size, "GPU")} '
                   f'({own.seconds_for(TRILLION) * machine.world_size / 3600:,.0f} GPU-hours)']
     return '\n'.join(lines)
