@@ -18,6 +18,9 @@
 #                                               beside the measured ones, 1B at 8 samples a step: eight settings
 #                                               (micro-batch, checkpointing, float8); or the shipped YAML's auto
 #                                               choice beside torchtitan compile (LBS 4), twice
+#   bash benchmarks/gpu.sh plan-8b [settings|versus]  the GPUs present (2): the same for the 8B at 2 samples a GPU,
+#                                               eight settings (PLAN_ROWS="1 2 3 4" runs those alone); or
+#                                               llama8b.yaml as shipped beside torchtitan compile (LBS 1), twice
 #   bash benchmarks/gpu.sh syncs-1b             one H100: where a batch of yamls/llama1b.yaml (local batch 2) syncs
 #   bash benchmarks/gpu.sh profile-1b           one H100: kernel time by category, GPU busy and idle time of the 1B at
 #                                               local batch 2, ours beside torchtitan's (compiled)
@@ -305,6 +308,27 @@ case "${1:-}" in
       done
     fi
     python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 5 --json "$OUT/plan-1b-$part.json" "${rows[@]}" ;;
+  plan-8b)  # [settings|versus] the GPUs present (2), 8B, 2 samples a GPU a step: as plan-1b. settings: eight explicit
+    # settings (PLAN_ROWS="1 2 3 4": those of them alone, as two calls' worth); versus: llama8b.yaml as shipped (auto)
+    # at 1 sample a GPU beside torchtitan compile (bf16, LBS 1), twice
+    Y="yamls/llama8b.yaml global_batch_size=$((2 * GPUS)) fit_check=false" M=device_microbatch_size F=model.float8
+    A=parallelism.fsdp.activation_checkpointing R=parallelism.fsdp.reshard_after_forward part=${2:-settings} i=0
+    rows=()
+    if [ "$part" = settings ]; then
+      for s in "1 none false false" "1 none true false" "2 none false false" "1 selective false false" \
+               "2 full false false" "1 none false true" "2 none false true" "2 selective true true"; do
+        i=$((i + 1))
+        [ -n "${PLAN_ROWS:-}" ] && [[ " $PLAN_ROWS " != *" $i "* ]] && continue
+        set -- $s
+        rows+=(--row "mb$1-$2$([ "$3" = true ] && echo -reshard)$([ "$4" = true ] && echo -f8) $Y $M=$1 $A=$2 $R=$3 $F=$4")
+      done
+    else
+      for i in 1 2; do
+        rows+=(--row "shipped-$i yamls/llama8b.yaml global_batch_size=$GPUS"
+               --row "titan-$i torchtitan:compile FLAVOR=8B LBS=1" --versus "shipped-$i:titan-$i")
+      done
+    fi
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 3 --steps 4 --json "$OUT/plan-8b-$part.json" "${rows[@]}" ;;
   syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
     composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
       --steps 1 --syncs 2>&1 | grep -v Warning | tail -30 ;;
