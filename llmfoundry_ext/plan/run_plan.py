@@ -171,8 +171,11 @@ def setting_choices(config: TrainConfig, machine: Machine, float8_available: boo
                      else [micro or device_batch])
     mode = fsdp.activation_checkpointing if fsdp is not None else 'none'
     modes = CHECKPOINTING_CHOICES if mode == 'auto' else (mode,)
-    reshard = fsdp.reshard_after_forward if fsdp is not None else True
-    reshards = ((False, True) if shards_the_model(config, machine) else (False,)) if reshard == 'auto' else (reshard,)
+    reshard = fsdp.reshard_after_forward if fsdp is not None else False
+    if not shards_the_model(config, machine):
+        reshards = (False,)  # nothing is sharded, so nothing is gathered again: the plan records false
+    else:
+        reshards = (False, True) if reshard == 'auto' else (reshard,)
     float8 = config.model.float8
     tokens = config.max_seq_len // config.parallelism.context_parallel_degree  # float8 GEMMs: a multiple of 16
     proven = float8_available and config.model.family in FLOAT8_FAMILIES and tokens % 16 == 0

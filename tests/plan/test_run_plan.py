@@ -84,7 +84,7 @@ def test_train_prints_the_refusal_as_one_line(tiny_config, tmp_path):
             f'sys.exit(main([{yaml!r}]))')
     result = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 2
-    assert re.fullmatch(r'config error: device_microbatch_size: micro-batch 4, checkpointing none, reshard true, '
+    assert re.fullmatch(r'config error: device_microbatch_size: micro-batch 4, checkpointing none, reshard false, '
                         r'float8 false is predicted to need [\d.]+ GiB a GPU, more than the -[\d.]+ GiB that fits '
                         r'a GPU of 0.01 GiB .*, and no setting fits; use more GPUs, '
                         r'parallelism.context_parallel_degree, or a shorter max_seq_len\n', result.stderr), result.stderr
