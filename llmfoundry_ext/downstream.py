@@ -16,16 +16,19 @@ import functools
 import json
 import os
 import sys
+import zlib
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist
 
+from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.checkpoint import read_checkpoint_weights
 from llmfoundry_ext.config import DownstreamConfig
-from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.weights import HF_CONFIG, NATIVE_CONFIG, family_of, load_into, load_weights_folder
 
 try:
@@ -238,20 +241,74 @@ def load_tasks(tasks: list[str], include: list[str]) -> tuple[dict, dict[str, in
     every evaluation, and each task's number of examples.
 
     The manager indexes the ``include`` folders alone first: indexing the harness's own ~14,000 task YAMLs as well
-    takes ~6 s a process (17-27 s on a loaded 2-core machine), in every rank of a run. Only where a task is not found
-    there, or does not build from there (a local group of the harness's tasks), are they indexed too."""
+    takes 6-27 s a process, in every rank of a run. They are indexed only for a task that is the harness's (its
+    names known from ``harness_task_names``, without the index) or for a local group that does not build from the
+    folders alone (a group of the harness's tasks); a name that is neither, or a local task whose data are missing,
+    is reported at once."""
     require_harness()
     from lm_eval.tasks import TaskManager
     for path in include:
         if not os.path.exists(path):
             raise ConfigError(f'{path}: no such task file or folder; give harness task YAMLs (or a folder of them)')
+        check_task_yamls(path)
     folders = sorted({path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)) for path in include})
-    if folders:  # it reads folders: a file's is read (its neighbours too)
+    local = TaskManager(include_path=folders, include_defaults=False) if folders else None  # a file's folder is read
+    local_names = set(local.all_tasks) if local else set()
+    for name in tasks:
+        if name not in local_names and name not in harness_task_names():
+            raise ConfigError(f"downstream task '{name}' is neither one of the harness's nor in "
+                              f"{', '.join(include) or 'an --include path'}; check the name (lm_eval ls tasks)")
+    if all(name in local_names for name in tasks):
         try:
-            return built_tasks(TaskManager(include_path=folders, include_defaults=False), tasks, include)
+            return built_tasks(local, tasks, include)
         except ConfigError:
-            pass
+            if not any(name in local.all_groups for name in tasks):
+                raise
     return built_tasks(TaskManager(include_path=folders or None), tasks, include)
+
+
+def check_task_yamls(path: str) -> None:
+    """Each task YAML at ``path`` (a file, or a folder's, recursively) parses: the harness's TaskManager skips one
+    that does not with a log line, and its task would then be reported as unknown. Tags such as ``!function`` are
+    the harness's to resolve and are accepted here as they are."""
+    import yaml
+
+    class TaskLoader(yaml.SafeLoader):
+        pass
+
+    TaskLoader.add_multi_constructor('!', lambda loader, tag, node: None)
+    files = [path] if os.path.isfile(path) else [os.path.join(folder, name) for folder, _, names in os.walk(path)
+                                                 for name in sorted(names) if name.endswith(('.yaml', '.yml'))]
+    for file in files:
+        try:
+            with open(file) as text:
+                yaml.load(text, Loader=TaskLoader)
+        except yaml.YAMLError as error:
+            mark = getattr(error, 'problem_mark', None)
+            where = f' at line {mark.line + 1}, column {mark.column + 1}' if mark else ''
+            problem = getattr(error, 'problem', None) or str(error).splitlines()[0]
+            raise ConfigError(f'{file}: not a valid task YAML: {problem}{where}; fix the file or move it out of '
+                              f'the include path') from None
+
+
+@functools.cache
+def harness_task_names() -> frozenset[str]:
+    """The names of the harness's own tasks, groups and tags. Its TaskManager finds them by indexing ~14,000 YAML
+    files (6-27 s), so they are kept on disk once per harness version and install (only the names: what a task is
+    still comes from the harness's own index when it is loaded)."""
+    import lm_eval.tasks
+    install = zlib.crc32(os.path.dirname(lm_eval.tasks.__file__).encode())
+    cache = os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'), 'llmfoundry_ext',
+                         f"lm_eval-{version('lm_eval')}-{install:08x}-task-names.json")
+    try:
+        with open(cache) as file:
+            return frozenset(json.load(file))
+    except (OSError, ValueError):
+        pass
+    names = sorted(lm_eval.tasks.TaskManager().all_tasks)
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    write_atomically(cache, json.dumps(names))
+    return frozenset(names)
 
 
 def built_tasks(manager, tasks: list[str], include: list[str]) -> tuple[dict, dict[str, int]]:

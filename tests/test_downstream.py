@@ -24,6 +24,7 @@ from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.checkpoint import export_to_hf
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.downstream import HarnessModel, model_input, shared_contexts, token_batches
+from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.preflight import prepare
@@ -250,7 +251,13 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
     (generation / 'sums.yaml').write_text(LAST_WORD_TASK.replace('last_word', 'sums_generated').replace(
         'output_type: loglikelihood', 'output_type: generate_until').format(
         data=write_jsonl(generation / 'sums.jsonl', sentences(5))))
+    broken = tmp_path / 'broken'
+    broken.mkdir()
+    (broken / 'sums.yaml').write_text('task: sums\ndataset_path: json\n  output_type: [multiple_choice\n')
     cases = [
+        (['--tasks', 'sums', '--include', str(broken)],
+         f'error: {broken}/sums.yaml: not a valid task YAML: mapping values are not allowed here at line 3, column 14; '
+         f'fix the file or move it out of the include path'),
         (['--tasks', 'no_such_task', '--include', tasks_folder],
          f"error: downstream task 'no_such_task' is neither one of the harness's nor in {tasks_folder}; check the "
          f"name (lm_eval ls tasks)"),
@@ -294,6 +301,53 @@ def test_local_tasks_load_without_indexing_the_harnesss_own_and_a_group_of_its_t
     managers.clear()
     assert llmfoundry_ext.downstream.load_tasks(['suite'], [str(tmp_path / 'suite.yaml')])[1] == {'suite': 120}
     assert managers == [False, True]
+
+
+def test_a_misspelt_name_or_missing_data_is_reported_without_indexing_the_harnesss_tasks(tasks_folder, tmp_path,
+                                                                                         monkeypatch):
+    """The harness's ~14,000 task YAMLs are indexed only to load one of its tasks: a name that is neither local nor
+    among its names (kept on disk, ``harness_task_names``) and a local task without its data fail from the include
+    folders alone."""
+    import lm_eval.tasks
+    managers = []
+
+    class Recorded(TaskManager):
+        def __init__(self, include_path=None, include_defaults=True):
+            managers.append(include_defaults)
+            super().__init__(include_path=include_path, include_defaults=False)
+
+    monkeypatch.setattr(lm_eval.tasks, 'TaskManager', Recorded)
+    monkeypatch.setattr(llmfoundry_ext.downstream, 'harness_task_names', lambda: frozenset({'hellaswag'}))
+    with pytest.raises(ConfigError, match="^downstream task 'hellaswag_local' is neither one of the harness's nor"):
+        llmfoundry_ext.downstream.load_tasks(['hellaswag_local'], [tasks_folder])
+    (tmp_path / 'lost.yaml').write_text(CHOICE_TASK.replace('arithmetic_choice', 'lost_data').format(
+        data=str(tmp_path / 'missing.jsonl')))
+    with pytest.raises(ConfigError, match="^downstream task 'lost_data' cannot be loaded \\(FileNotFoundError"):
+        llmfoundry_ext.downstream.load_tasks(['lost_data'], [str(tmp_path / 'lost.yaml')])
+    assert managers == [False, False]
+
+
+def test_the_harnesss_task_names_are_indexed_once_and_then_read_from_disk(tasks_folder, tmp_path, monkeypatch):
+    import lm_eval.tasks
+    managers = []
+
+    class Recorded(TaskManager):  # the harness's own tasks stood in for by tasks_folder's
+        def __init__(self, include_path=None, include_defaults=True):
+            managers.append(include_defaults)
+            super().__init__(include_path=[tasks_folder], include_defaults=False)
+
+    monkeypatch.setattr(lm_eval.tasks, 'TaskManager', Recorded)
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    names = llmfoundry_ext.downstream.harness_task_names
+    names.cache_clear()
+    try:
+        first = names()
+        names.cache_clear()
+        assert (names(), managers) == (first, [True])  # the second process's look-up: the file, no index
+    finally:
+        names.cache_clear()
+    assert {'arithmetic_choice', 'last_word'} <= first
+    assert [path.name.endswith('-task-names.json') for path in (tmp_path / 'llmfoundry_ext').iterdir()] == [True]
 
 
 @pytest.mark.slow
