@@ -125,7 +125,7 @@ def settle(config: TrainConfig, machine: Machine, float8_available: bool) -> Run
     else:
         replicas = fsdp.replicate_degree if fsdp is not None else 1
     candidates = weigh(config, machine, choices, replicas)
-    chosen = choose(config, machine, candidates, auto_keys)
+    chosen = choose(config, machine, candidates, auto_keys, replicas)
     resolved = resolve(config, chosen.setting, replicas)
     shards = shards_the_model(config, machine)
     return RunPlan(resolved, machine, shards, shard_ranks(config, machine, replicas),
@@ -221,14 +221,16 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     return sorted(candidates, key=lambda c: (-c.tokens_per_second, c.memory.peak))
 
 
-def choose(config: TrainConfig, machine: Machine, candidates: list[Candidate], auto_keys: tuple) -> Candidate:
+def choose(config: TrainConfig, machine: Machine, candidates: list[Candidate], auto_keys: tuple,
+           replicas: int) -> Candidate:
     fitting = [candidate for candidate in candidates if candidate.fits is not False or not config.fit_check]
     if fitting:
         return ranked(fitting)[0]
-    raise ConfigError(refusal(config, machine, min(candidates, key=lambda c: c.memory.peak), bool(auto_keys)))
+    smallest = min(candidates, key=lambda c: c.memory.peak)
+    raise ConfigError(refusal(config, machine, smallest, bool(auto_keys), replicas))
 
 
-def refusal(config: TrainConfig, machine: Machine, smallest: Candidate, some_auto: bool) -> str:
+def refusal(config: TrainConfig, machine: Machine, smallest: Candidate, some_auto: bool, replicas: int) -> str:
     """One line for settings predicted not to fit (the explicit one, or the smallest that ``auto`` may take): the
     keys to change to the fastest setting that fits, if any does."""
     gpu = machine.gpu
@@ -237,17 +239,16 @@ def refusal(config: TrainConfig, machine: Machine, smallest: Candidate, some_aut
     needs = (f'{subject} is predicted to need {gib(smallest.memory.peak)} GiB a GPU, more than the '
              f'{gib(usable_bytes(gpu))} GiB that fits {gpu.name} ({gib(gpu.memory_bytes)} GiB, less '
              f'{FIT_MARGIN:.0%} and {gib(FIT_RESERVE)} GiB outside the allocator)')
-    replicas = config.parallelism.fsdp.replicate_degree if config.parallelism.fsdp is not None else 1
     everything = every_key_auto(config)
     choices = setting_choices(everything, machine, gpu.has_float8)
     alternatives = [candidate for candidate in weigh(everything, machine, choices, replicas) if candidate.fits]
-    if not alternatives:
+    best = ranked(alternatives)[0] if alternatives else None
+    changes = [f'{KEYS[field]}={text(getattr(best.setting, field))}' for field in KEYS
+               if best and getattr(best.setting, field) != getattr(smallest.setting, field)
+               and value_of(config, KEYS[field]) != 'auto']
+    if not changes:
         return (f'device_microbatch_size: {needs}, and no setting fits; use more GPUs, '
                 f'parallelism.context_parallel_degree, or a shorter max_seq_len')
-    best = ranked(alternatives)[0]
-    changes = [f'{KEYS[field]}={text(getattr(best.setting, field))}' for field in KEYS
-               if getattr(best.setting, field) != getattr(smallest.setting, field)
-               and value_of(config, KEYS[field]) != 'auto']
     return (f'{changes[0].split("=")[0]}: {needs}; set {" ".join(changes)} (predicted {gib(best.memory.peak)} GiB, '
             f'{best.tokens_per_second:,.0f} tokens/s a GPU), or auto')
 
