@@ -33,3 +33,13 @@ def test_a_yaml_whose_settings_do_not_fit_is_refused_with_status_2(capsys):
         'true is predicted to need 105.3 GiB a GPU, more than the 73.5 GiB that fits NVIDIA H100 80GB HBM3 (79.2 GiB, '
         'less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=4 (predicted 64.9 GiB, 61,581 '
         'tokens/s a GPU), or auto')
+
+
+def test_where_nothing_fits_the_table_still_shows_every_setting(capsys):
+    code = main([os.path.join(REPO, 'yamls/llama70b.yaml'), '--gpus', '16', '--gpu', 'h100'])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines[4:] if line[:7].strip().isdigit()]
+    assert code == 2 and len(rows) == 7 * 3 * 2 * 2  # 64 samples a GPU: seven micro-batches
+    assert {line.split()[5] for line in rows} == {'no'}
+    assert lines[-1].endswith('and no setting fits; use more GPUs, parallelism.context_parallel_degree, or a shorter '
+                              'max_seq_len')
