@@ -17,12 +17,12 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llmfoundry_ext.errors import CheckpointError, ConfigError
+from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.model.attention import SDPA_KERNELS
 from llmfoundry_ext.model.families import FAMILIES, Family
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import INIT_SCHEMES, weight_fields
 from llmfoundry_ext.model.mixtral import MixtralConfig
-from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.weights import family_of, read_weights_config
 
 Auto = Literal['auto']  # a key that also takes 'auto': the run plan chooses (plan/run_plan.py)

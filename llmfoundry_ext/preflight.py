@@ -47,7 +47,7 @@ def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
 def check(config: TrainConfig) -> Run:
     """Every check against the machine, in the order a user fixes them; the resolved Run."""
     check_hardware(config)
-    plan = settle(config, Machine.from_environment(gpu_of_this_machine()), float8_runs_here())
+    plan = settle(config, Machine.from_environment(gpu_of_this_machine()), float8_problem() is None)
     config = plan.config
     kernels = resolve_kernels(config)
     check_init_from(config.model)
@@ -81,9 +81,13 @@ def check_hardware(config: TrainConfig) -> None:
         raise ConfigError(f"precision: {config.precision} needs a GPU and none is visible; use precision=fp32 on CPU")
 
 
-def float8_runs_here() -> bool:
-    """float8 training can run here: a GPU with float8 tensor cores (compute capability 8.9+) and torchao."""
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9) and has_module('torchao')
+def float8_problem() -> Optional[str]:
+    """Why float8 training cannot run here (it needs a GPU with float8 tensor cores and torchao), or None."""
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+        return 'float8 training needs an H100-class GPU (compute capability 8.9+); set model.float8=false'
+    if not has_module('torchao'):
+        return 'needs the torchao package, which is not installed: pip install torchao'
+    return None
 
 
 def resolve_kernels(config: TrainConfig) -> KernelConfig:
@@ -93,11 +97,8 @@ def resolve_kernels(config: TrainConfig) -> KernelConfig:
     on_gpu = torch.cuda.is_available()
     problems = {'model.attn_impl': missing_reason(model.attn_impl) or flex_on_cpu_problem(model.attn_impl, on_gpu),
                 'model.fused_kernels': fused_kernels_problem(model.fused_kernels, on_gpu)}
-    if model.float8 and not (on_gpu and torch.cuda.get_device_capability() >= (8, 9)):
-        problems['model.float8'] = ('float8 training needs an H100-class GPU (compute capability 8.9+); '
-                                    'set model.float8=false')
-    elif model.float8 and not has_module('torchao'):
-        problems['model.float8'] = "needs the torchao package, which is not installed: pip install torchao"
+    if model.float8:
+        problems['model.float8'] = float8_problem()
     for key, problem in problems.items():
         if problem:
             raise ConfigError(f'{key}: {problem}')

@@ -15,9 +15,9 @@ from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
+from llmfoundry_ext.machine import GIB, global_rank
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
-from llmfoundry_ext.machine import GIB, global_rank
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.resumption import prepare_autoresume
 

@@ -93,9 +93,8 @@ def read_weights_config(folder: str):
 
 def load_weights_folder(folder: str) -> tuple[object, dict[str, torch.Tensor]]:
     """(config, tensors in our names) of an HF folder or a native one."""
-    if os.path.isfile(os.path.join(folder, NATIVE_CONFIG)):
-        return read_weights_config(folder), read_safetensors(folder)
-    return load_hf(folder)
+    config = read_weights_config(folder)
+    return config, read_weights_tensors(folder, family_of(config))
 
 
 def read_weights_tensors(folder: str, family: Family) -> dict[str, torch.Tensor]:

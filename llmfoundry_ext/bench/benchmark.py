@@ -182,13 +182,13 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     model = (HFCausalLM(run.architecture, HF_EXPERTS[row.model], config.model.init_from)
              if row.model in HF_EXPERTS else None)
     plan = run.plan.chosen
-    predicted = {'setting': dataclasses.asdict(plan.setting), 'predicted_peak_gib': plan.memory.peak / GIB,
-                 'predicted_fits': plan.fits, 'predicted_tokens_per_second_per_gpu': plan.tokens_per_second}
+    named = {'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
+             'setting': dataclasses.asdict(plan.setting), 'predicted_peak_gib': plan.memory.peak / GIB,
+             'predicted_fits': plan.fits, 'predicted_tokens_per_second_per_gpu': plan.tokens_per_second}
     try:
         trainer = train(run, extra_callbacks=[timer, recorder], model=model)
     except torch.OutOfMemoryError:
-        return {'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
-                'error': 'out of memory', **predicted}
+        return {**named, 'error': 'out of memory'}
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
@@ -197,15 +197,14 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     flops_per_token = run.architecture.flops_per_token(config.max_seq_len)
     on_gpu = torch.cuda.is_available()
     return {
-        'name': row.name, 'source': row.source, 'overrides': row.overrides, 'model': row.model,
-        'gpus': dist.get_world_size(), 'device': torch.cuda.get_device_name() if on_gpu else 'cpu',
+        **named, 'gpus': dist.get_world_size(), 'device': torch.cuda.get_device_name() if on_gpu else 'cpu',
         'torch': torch.__version__, 'step_seconds': seconds, 'each_step_seconds': timer.each_step_seconds(),
         'tokens_per_second_per_gpu': tokens_per_gpu,
         'mfu': tokens_per_gpu * flops_per_token / peak_flops if peak_flops else None,
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
-        'grad_norms': recorder.norms(), **hf, **predicted,
+        'grad_norms': recorder.norms(), **hf,
     }
 
 

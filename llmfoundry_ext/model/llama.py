@@ -46,15 +46,17 @@ class LlamaConfig:
         """Parameters of one block's feed-forward (``active``: those one token runs through; the same here)."""
         return 3 * self.dim * self.ffn_dim
 
-    def num_params(self, include_embedding: bool = True, active: bool = False) -> int:
-        """Parameter count from the config alone (tied output counted once); ``active``: per token."""
+    def block_params(self, active: bool = False) -> int:
+        """Parameters of one block: attention, feed-forward (``active``: those a token runs through), two norms."""
         kv_dim = self.n_kv_heads * self.head_dim
         attention = self.dim * (2 * self.dim + 2 * kv_dim)
-        block = attention + self.feed_forward_params(active) + 2 * self.dim
+        return attention + self.feed_forward_params(active) + 2 * self.dim
+
+    def num_params(self, include_embedding: bool = True, active: bool = False) -> int:
+        """Parameter count from the config alone (tied output counted once); ``active``: per token."""
         embedding = self.vocab_size * self.dim
         output = 0 if self.tie_embeddings else embedding
-        total = self.n_layers * block + self.dim + output + (embedding if include_embedding else 0)
-        return total
+        return self.n_layers * self.block_params(active) + self.dim + output + (embedding if include_embedding else 0)
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token (forward + backward), torchtitan's convention for MFU.

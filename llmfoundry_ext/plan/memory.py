@@ -64,11 +64,6 @@ class MemoryEstimate:
     phase: str        # 'forward' (its end) or 'backward' (its end)
 
 
-def block_params(arch) -> int:
-    kv_dim = arch.n_kv_heads * arch.head_dim
-    return arch.dim * (2 * arch.dim + 2 * kv_dim) + arch.feed_forward_params() + 2 * arch.dim
-
-
 def active_ffn_width(arch) -> int:
     """f: the feed-forward width a token runs through (a Mixtral token runs through ``experts_per_token``)."""
     return arch.ffn_dim * getattr(arch, 'experts_per_token', 1)
@@ -100,7 +95,7 @@ def loss_bytes(arch, tokens: int, loss: str) -> int:
 
 def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     """The predicted peak and its parts (module docstring)."""
-    params, per_block, layers = arch.num_params(), block_params(arch), arch.n_layers
+    params, per_block, layers = arch.num_params(), arch.block_params(), arch.n_layers
     output_params = arch.vocab_size * arch.dim
     tokens = setting.micro_batch * layout.seq_len
     shards = layout.shard_ranks

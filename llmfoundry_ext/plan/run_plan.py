@@ -68,8 +68,9 @@ class RunPlan:
         """The tokens to ``max_duration`` (None for a duration in epochs, which depends on the data)."""
         return duration_tokens(self.config.max_duration, self.config)
 
-    def seconds_for(self, tokens: int) -> float:
-        return tokens / (self.chosen.tokens_per_second * self.machine.world_size)
+    def seconds_for(self, tokens: int, candidate: Optional['Candidate'] = None) -> float:
+        """Seconds to train ``tokens`` on the machine at the chosen setting's speed (or ``candidate``'s)."""
+        return tokens / ((candidate or self.chosen).tokens_per_second * self.machine.world_size)
 
     def summary(self) -> list[str]:
         """The start summary's lines: the settings (which were auto) and the predictions."""

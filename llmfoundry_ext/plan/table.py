@@ -5,7 +5,7 @@ import dataclasses
 from llmfoundry_ext.config import load
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.machine import GIB, Machine
-from llmfoundry_ext.plan.run_plan import RunPlan, every_key_auto, format_duration, settle
+from llmfoundry_ext.plan.run_plan import RunPlan, every_key_auto, format_duration, settle, text
 
 TRILLION = 10 ** 12
 
@@ -28,7 +28,7 @@ def rows(every: RunPlan, own: RunPlan | None) -> list[dict]:
     chosen = own.chosen.setting if own is not None else None
     table = []
     for candidate in sorted(every.candidates, key=lambda c: (-c.tokens_per_second, c.memory.peak)):
-        seconds = tokens / (candidate.tokens_per_second * every.machine.world_size) if tokens else None
+        seconds = every.seconds_for(tokens, candidate) if tokens else None
         table.append({**dataclasses.asdict(candidate.setting), 'peak_gib': round(candidate.memory.peak / GIB, 2),
                       'fits': candidate.fits, 'tokens_per_second_per_gpu': round(candidate.tokens_per_second),
                       'mfu': round(every.mfu(candidate.tokens_per_second), 3), 'hours': seconds and seconds / 3600,
@@ -58,7 +58,7 @@ def render(every: RunPlan, own: RunPlan | ConfigError, yaml_path: str) -> str:
         hours = format_duration(row['hours'] * 3600) if row['hours'] else '-'
         gpu_hours = f"{row['gpu_hours']:,.0f}" if row['gpu_hours'] else '-'
         lines.append(f"{'*' if row['chosen'] else ' '} {row['micro_batch']:5d}  {row['checkpointing']:13s}  "
-                     f"{str(row['reshard_after_forward']).lower():7s}  {str(row['float8']).lower():6s}  "
+                     f"{text(row['reshard_after_forward']):7s}  {text(row['float8']):6s}  "
                      f"{row['peak_gib']:8.1f}  {'yes' if row['fits'] else 'no':4s}  "
                      f"{row['tokens_per_second_per_gpu']:12,d}  {row['mfu']:4.0%}  {hours:>12s}  {gpu_hours:>10s}")
     lines.append('')

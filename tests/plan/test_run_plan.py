@@ -38,13 +38,18 @@ def test_auto_turns_float8_on_where_the_gpu_has_it():
                                           float8=True)
 
 
-def test_an_explicit_setting_predicted_not_to_fit_is_refused_naming_one_that_fits():
-    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), [
-        'global_batch_size=8', 'device_microbatch_size=4', 'parallelism.fsdp.activation_checkpointing=none',
-        'parallelism.fsdp.reshard_after_forward=false', 'model.float8=false'])
+def refusal_on_a_60_gib_gpu(overrides: list[str]) -> str:
+    """The line settling llama1b.yaml with ``overrides`` on one 60 GiB GPU without float8 is refused with."""
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), overrides)
     with pytest.raises(ConfigError) as refused:
         settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
-    assert str(refused.value) == (
+    return str(refused.value)
+
+
+def test_an_explicit_setting_predicted_not_to_fit_is_refused_naming_one_that_fits():
+    assert refusal_on_a_60_gib_gpu([
+        'global_batch_size=8', 'device_microbatch_size=4', 'parallelism.fsdp.activation_checkpointing=none',
+        'parallelism.fsdp.reshard_after_forward=false', 'model.float8=false']) == (
         'device_microbatch_size: micro-batch 4, checkpointing none, reshard false, float8 false is predicted to need '
         '77.7 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB (H100 speed assumed) (60.0 GiB, less 5% '
         'and 2.0 GiB outside the allocator); set device_microbatch_size=2 (predicted 49.2 GiB, 53,665 tokens/s a '
@@ -52,10 +57,7 @@ def test_an_explicit_setting_predicted_not_to_fit_is_refused_naming_one_that_fit
 
 
 def test_when_no_auto_choice_fits_the_explicit_key_to_change_is_named():
-    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', 'device_microbatch_size=8'])
-    with pytest.raises(ConfigError) as refused:
-        settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
-    assert str(refused.value) == (
+    assert refusal_on_a_60_gib_gpu(['global_batch_size=8', 'device_microbatch_size=8']) == (
         'device_microbatch_size: the smallest setting auto may take here (micro-batch 8, checkpointing full, reshard '
         'false, float8 false) is predicted to need 55.9 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB '
         '(H100 speed assumed) (60.0 GiB, less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=2 '
