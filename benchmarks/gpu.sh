@@ -45,6 +45,9 @@
 #                                               the recorded runs equal ours since 25bbbba;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
 #                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
+#   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
+#                                               runs on GPU 1 (each on every seed), then both in one report, A versus
+#                                               B: half the time of `learning SEEDS A B`
 #   bash benchmarks/gpu.sh learning-2gpu [SEED]  2 GPUs: the row ours on 1 GPU, then ours-2gpu on 2 (the same global
 #                                               batch), both from SEED's (1) shared weights on the same tokens
 #                                               (CORPUS_MB, here 16: the one-GPU references' since 53d922a); their
@@ -228,12 +231,23 @@ learning_name() {  # seeds rows...: the file name (no extension) of a learning c
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row name=$(learning_name "$@"); shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
-  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work /tmp/learning \
+  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work "${LEARNING_WORK:-/tmp/learning}" \
     --corpus-mb "${CORPUS_MB:-40}" \
     --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
+}
+
+learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from
+  # the same files, every seed's weights drawn alike on the CPU), then one report of both, row-a versus row-b
+  local seeds=$1 a=$2 b=$3
+  CUDA_VISIBLE_DEVICES=0 LEARNING_WORK=/tmp/learning-a learning "$seeds" "$a" | sed 's/^/[a] /' &
+  CUDA_VISIBLE_DEVICES=1 LEARNING_WORK=/tmp/learning-b learning "$seeds" "$b" | sed 's/^/[b] /' &
+  wait
+  python3 scripts/bench_learning.py --report "$OUT/$(learning_name "$seeds" "$a").json" \
+    "$OUT/$(learning_name "$seeds" "$b").json" --versus "${LEARN[$a]%% *}:${LEARN[$b]%% *}" \
+    --json "$OUT/$(learning_name "$seeds" "$a" "$b").json" | tee "$OUT/$(learning_name "$seeds" "$a" "$b").log"
 }
 
 bench_8b() {  # modes (none selective full float8): the 8B as shipped beside torchtitan, the mode's rows only, all
@@ -343,6 +357,7 @@ case "${1:-}" in
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
+  learning-split) shift; learning_split "$@" ;;
   learning-2gpu)
     seed=${2:-1}
     export SHARED_INIT=ours CORPUS_MB=${CORPUS_MB:-16}
