@@ -83,6 +83,7 @@ def test_a_training_batch_never_makes_the_host_wait_for_the_gpu(tiny_config, tmp
         'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {}, 'runtime_estimator': {},
         'stop_after': {'minutes': 60}})
     tiny_config['model']['compile'] = True
+    tiny_config['checkpoint']['save_interval'] = '3ba'  # batch 5 (4 from 0) saves nothing: a save reads weights back
     tiny_config['optimizer'] = {'name': 'adamw', 'fused': True, 'lr': 1e-3}  # the shipped YAMLs' (Composer's
     tiny_config.pop('loggers', None)                                         # DecoupledAdamW reads back per tensor)
     syncs = SyncReport(batch=4)
