@@ -231,8 +231,8 @@ learning_name() {  # seeds rows...: the file name (no extension) of a learning c
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row name=$(learning_name "$@"); shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
-  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf --work "${LEARNING_WORK:-/tmp/learning}" \
-    --corpus-mb "${CORPUS_MB:-40}" \
+  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf \
+    --work "${LEARNING_WORK:-/tmp/learning}" --corpus-mb "${CORPUS_MB:-40}" \
     --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
