@@ -146,6 +146,8 @@ class DownstreamConfig:
     num_fewshot: Optional[int] = None  # None: each task's own
     interval: Optional[str] = None     # in batches, e.g. 1000ba; None: eval_interval
     batch_tokens: int = 8192           # tokens a forward (requests sorted by length, padded to a batch's longest)
+    generation_rows: int = 128         # contexts generated together (a KV cache of rows x (context + generated)
+    #                                    tokens a layer: 1B 32 KiB a token, 8B 128 KiB)
 
     def interval_batches(self, eval_interval: str) -> int | None:
         """The interval (or ``eval_interval``) as a number of batches; None if it is not one."""
@@ -534,8 +536,9 @@ def check_downstream(config: TrainConfig) -> None:
     if not downstream.interval_batches(config.eval_interval):
         raise ConfigError(f'downstream.interval: {downstream.interval or config.eval_interval} (default eval_interval) '
                           f'is not a number of batches; give e.g. 1000ba')
-    if downstream.batch_tokens < 1:
-        raise ConfigError(f'downstream.batch_tokens: must be positive, got {downstream.batch_tokens}')
+    for key in ('batch_tokens', 'generation_rows'):
+        if getattr(downstream, key) < 1:
+            raise ConfigError(f'downstream.{key}: must be positive, got {getattr(downstream, key)}')
 
 
 def check_duration(config: TrainConfig, key: str) -> None:

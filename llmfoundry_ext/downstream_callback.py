@@ -20,9 +20,9 @@ AUTOCAST = {'amp_bf16': torch.bfloat16, 'amp_fp8': torch.bfloat16, 'amp_fp16': t
 
 
 class DownstreamEvaluation(Callback):
-    """Every ``every`` batches, each rank scores its share of the tasks through the (sharded) model; rank 0 logs the
-    harness's metrics as ``metrics/downstream/<task>/<metric>`` to every logger, prints them and, where the run saves
-    checkpoints, writes the harness's results as ``<results_folder>/ba<N>.json``."""
+    """Every ``every`` batches, each rank runs its share of the tasks' requests through the (sharded) model; rank 0
+    logs the harness's metrics as ``metrics/downstream/<task>/<metric>`` to every logger, prints them and, where the
+    run saves checkpoints, writes the harness's results as ``<results_folder>/ba<N>.json``."""
 
     def __init__(self, config: DownstreamConfig, tasks: LoadedTasks, every: int, max_length: int, precision: str,
                  results_folder: str | None):
@@ -41,12 +41,12 @@ class DownstreamEvaluation(Callback):
         model = state.model.model
         model.eval()
         harness = HarnessModel(model, self.tasks.tokenizer, self.max_length, self.config.batch_tokens,
-                               next(model.parameters()).device, self.autocast_dtype)
+                               next(model.parameters()).device, self.autocast_dtype, self.config.generation_rows)
         limit = self.config.limit
         results = run_tasks(harness, self.tasks.tasks,
                             int(limit) if limit is not None and limit >= 1 else limit, self.config.num_fewshot)
         model.train()
-        if harness.rank != 0:  # the harness gathers the results on rank 0
+        if harness.process_rank != 0:  # every process holds the results; rank 0 reports them
             return
         seconds = time.perf_counter() - started
         metrics = metrics_of(results)

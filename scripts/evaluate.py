@@ -17,7 +17,8 @@ import sys
 import torch
 
 from llmfoundry_ext.cli import ArgumentParser, positive_int
-from llmfoundry_ext.downstream import evaluate_weights
+from llmfoundry_ext.config import DownstreamConfig
+from llmfoundry_ext.downstream import evaluate_weights, exit_process
 
 
 def main(argv: list[str]) -> int:
@@ -29,13 +30,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--num-fewshot', type=int)
     parser.add_argument('--tokenizer', help="tokenizer folder (default: the source's)")
     parser.add_argument('--batch-tokens', type=positive_int, default=8192, help='tokens a forward (default 8192)')
+    parser.add_argument('--generation-rows', type=positive_int, default=DownstreamConfig.generation_rows,
+                        help='contexts generated together (default %(default)s)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float32'),
-                        help='autocast dtype on a GPU (the CPU scores in float32)')
+                        help="the weights' dtype on a GPU, as the HF backend's dtype (the CPU scores in float32)")
     parser.add_argument('--json')
     args = parser.parse_args(argv)
     return evaluate_weights(args.source, args.tasks, args.include, args.limit, args.num_fewshot, args.tokenizer,
-                            args.batch_tokens, args.device, args.dtype, args.json)
+                            args.batch_tokens, args.generation_rows, args.device, args.dtype, args.json)
 
 if __name__ == '__main__':
-    sys.exit(main(sys.argv[1:]))
+    exit_process(main(sys.argv[1:]))

@@ -182,6 +182,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.dim, config.dim, bias=False)
         self.o_proj.init_std = residual_init_std(config, layer_id)
         self.inner_attention = InnerAttention()
+        self.kv_cache = None  # while generating, the keys and values read so far (model/kv_cache.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str, mask=None) -> torch.Tensor:
         """``backend`` and ``mask`` come from ``Transformer.attention_backend`` / ``attention_mask``."""
@@ -194,6 +195,8 @@ class Attention(nn.Module):
             q, k = fused.rope(q, k, cos, sin)
         else:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.append(k, v)
         out = self.inner_attention(q, k, v, config.causal, backend, mask, self.kernels.sdpa_kernel)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq_len, -1))
 
