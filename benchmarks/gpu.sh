@@ -65,6 +65,9 @@
 #                                               metrics beside the 1-GPU run's, its seconds (--batches 200 --interval
 #                                               100 by default); the 2-GPU run's last checkpoint scored again in one
 #                                               process (--rescore): the same weights' metrics
+#   bash benchmarks/gpu.sh generation [ARGS]   one GPU: scripts/bench_generation.py (1B architecture, fresh weights: a
+#                                               500-question GSM8K-like task, 4-shot, 64 tokens, ours beside the
+#                                               harness's HF backend in fp32 and bf16; the same wheels as downstream)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -379,6 +382,10 @@ case "${1:-}" in
         --hf-batch-sizes 2>&1 | tee "$OUT/downstream-${n}gpu.log" | grep -v -E "$HARNESS_NOISE"
       cp "/tmp/bench_downstream/run-${n}gpu/train.log" "$OUT/downstream-${n}gpu-train.log"
     done ;;
+  generation)
+    shift
+    python3 scripts/bench_generation.py --json "$OUT/generation.json" "$@" 2>&1 | tee "$OUT/generation.log" |
+      grep -v -E "$HARNESS_NOISE|Running generate_until" ;;
   attention)
     timeout 60 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
       --json "$OUT/attention-8192.json"
