@@ -342,7 +342,7 @@ def test_text_is_encoded_as_the_hf_backend_encodes_it(tokenizer_folder, tmp_path
 
 
 BUSY_GLOO_AT_EXIT = """
-import socket, sys
+import atexit, socket
 import torch
 import torch.distributed as dist
 from llmfoundry_ext.downstream import exit_process
@@ -350,24 +350,25 @@ with socket.socket() as free:
     free.bind(('127.0.0.1', 0))
     port = free.getsockname()[1]
 dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)
+atexit.register(print, 'the interpreter tore itself down')
+print('results written', end='')  # left in the buffer for exit_process to flush
 for _ in range(16):  # left to gloo's worker threads; Python lets go of the tensors at once
     dist.all_reduce(torch.ones(10_000_000), async_op=True)
-exit_process(0) if sys.argv[1] == 'exit_process' else sys.exit(0)
+exit_process(0)
 """
 
 
 @pytest.mark.slow
 def test_a_process_ends_without_the_teardown_that_aborts_with_a_busy_gloo_worker(tmp_path):
     """The rare abort (-6) of a rank at the end of ``composer -n 2 scripts/evaluate.py``: gloo's worker threads still
-    holding collectives when the interpreter tears itself down. Made likely here (collectives left running): ending
-    with sys.exit aborts, ending with exit_process (scripts/evaluate.py's) does not."""
+    holding collectives when the interpreter tears itself down. With collectives left running, ``sys.exit`` instead
+    of ``exit_process`` aborted 7 and 9 of 10 processes (torch 2.11, 2.15), 1 to 6 of 6 under load; exit_process
+    (scripts/evaluate.py's end) flushes the output and skips the teardown (its atexit handlers)."""
     (tmp_path / 'busy.py').write_text(BUSY_GLOO_AT_EXIT)
-    ends = {way: [subprocess.run([sys.executable, str(tmp_path / 'busy.py'), way], cwd=REPO, capture_output=True,
-                                 text=True, env={**os.environ, 'PYTHONPATH': REPO}).returncode for _ in range(6)]
-            for way in ('exit_process', 'sys.exit')}
-    print(ends)
-    assert ends['exit_process'] == [0] * 6
-    assert -signal.SIGABRT in ends['sys.exit']  # the cause: without it, 7 and 9 of 10 abort (torch 2.11, 2.15)
+    for _ in range(3):
+        ended = subprocess.run([sys.executable, str(tmp_path / 'busy.py')], cwd=REPO, capture_output=True, text=True,
+                               env={**os.environ, 'PYTHONPATH': REPO})
+        assert (ended.returncode, ended.stdout) == (0, 'results written'), ended.stderr[-2000:]
 
 
 def last_line(stderr: str) -> str:
