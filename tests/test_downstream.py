@@ -237,13 +237,13 @@ def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(
 
 
 def assert_generation_is_exercised(results: dict, tokenizer) -> None:
-    """Of next_words' generations, some stopped at max_gen_toks (5 tokens), some before (at " red", cut there, or
-    at the EOS); some first words are the answer."""
+    """All 60 of next_words' texts generated, some to max_gen_toks (5 tokens). Those cut before it (at " red" or the
+    EOS: some under torch 2.11; none under 2.15, whose tiny model answers ' a a ' to every context) are the HF
+    backend's too; stopping at a stop string is checked token by token in the greedy generation test."""
     texts = [response for _, (response,) in per_sample(results, 'next_words')]
     lengths = [len(tokenizer.encode(text, add_special_tokens=False)) for text in texts]
     print('next_words', texts[:8], lengths.count(5))
-    assert len(texts) == 60 and 0 < lengths.count(5) < 60
-    assert 0 < results['results']['next_words']['exact_match,first_word'] < 1
+    assert len(texts) == 60 and lengths.count(5) > 0
 
 
 def test_batches_hold_at_most_the_token_budget_longest_first():
@@ -296,8 +296,6 @@ def test_greedy_generation_in_a_batch_is_each_contexts_own():
     model = Transformer(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=50,
                                     max_seq_len=64, rope_theta=10000.0, rope_scaling_factor=1.0)).eval()
     model.init_weights()
-    tokenizer = type('Tokenizer', (), {'eos_token_id': 0, 'bos_token_id': None,
-                                       'decode': lambda self, tokens: ' '.join(map(str, tokens))})()
     contexts = [[3, 8, 13, 21, 4, 9, 9], [5, 6], [40, 41, 42, 43], [44, 45, 46, 47, 48, 49]]
 
     def alone(context: list[int], limit: int) -> list[int]:
@@ -308,15 +306,24 @@ def test_greedy_generation_in_a_batch_is_each_contexts_own():
         return tokens[len(context):]
 
     expected = [alone(context, 9) for context in contexts]
-    rows = [Generation(contexts[0], 4, ()), Generation(contexts[1], 9, ()),
-            Generation(contexts[2], 9, ((str(expected[2][1]), 1),)), Generation(contexts[3], 9, ())]
-    assert expected[1].index(0) == 2 and expected[2][1] not in expected[2][:1] and 0 not in expected[3]
+    eos = next(token for token in expected[1][1:]  # a token of row 1's, and not of the others' (before their ends)
+               if token not in expected[0][:4] + expected[2][:2] + expected[3])
+    stop = str(expected[2][1])  # row 2's second token, as a stop string
+    tokenizer = type('Tokenizer', (), {'eos_token_id': eos, 'bos_token_id': None,
+                                       'decode': lambda self, tokens: ' '.join(map(str, tokens))})()
+    rows = [Generation(contexts[0], 4, ()), Generation(contexts[1], 9, ()), Generation(contexts[2], 9, ((stop, 1),)),
+            Generation(contexts[3], 9, ())]
+
+    def cut(tokens: list[int], row: Generation) -> list[int]:
+        """``tokens`` up to the row's limit, the EOS, or a token whose text holds its stop string."""
+        end = next((place for place, token in enumerate(tokens[:row.max_new])
+                    if token == eos or any(text in str(token) for text, _ in row.stops)), row.max_new - 1)
+        return tokens[:end + 1]
+
+    ends = [cut(tokens, row) for tokens, row in zip(expected, rows)]
+    assert len(ends[0]) == 4 and ends[1][-1] == eos and stop in str(ends[2][-1]) and len(ends[3]) == 9  # all ways
     for batch_tokens in (8192, 14):  # the contexts read in one forward, or in parts of 2 rows
-        assert HarnessModel(model, tokenizer, 64, batch_tokens).decode_greedily(rows, steps=9) == [
-            expected[0][:4],  # its limit
-            expected[1][:3],  # the EOS
-            expected[2][:2],  # its stop string
-            expected[3]]  # the longest limit
+        assert HarnessModel(model, tokenizer, 64, batch_tokens).decode_greedily(rows, steps=9) == ends
 
 
 def test_text_is_encoded_as_the_hf_backend_encodes_it(tokenizer_folder, tmp_path):
