@@ -193,12 +193,16 @@ class HarnessModel(TemplateLM):
         """The greedy token after each row's last: one forward of ``tokens`` [B, S] after those cached."""
         rows = torch.arange(len(tokens), device=self.device)
         last = torch.full_like(rows, tokens.shape[1] - 1)
+        return self.logits_at(tokens, positions, mask, (rows, last)).float().argmax(-1).tolist()
+
+    def logits_at(self, tokens: torch.Tensor, positions: torch.Tensor | None, mask: torch.Tensor | None,
+                  places: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The logits [N, vocab] at ``places`` (rows, positions) of one forward of ``tokens`` [B, S] with the given
+        RoPE positions and attention mask (None: the model's own), under the autocast dtype where there is one."""
         with torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            logits = self.transformer(tokens.to(self.device), positions.to(self.device),
-                                      attention_mask=mask.to(self.device), logits_at=(rows, last))
-        if isinstance(logits, tuple):  # a mixture of experts': (logits, router statistics)
-            logits = logits[0]
-        return logits.float().argmax(-1).tolist()
+            logits = self.transformer(tokens.to(self.device), None if positions is None else positions.to(self.device),
+                                      attention_mask=None if mask is None else mask.to(self.device), logits_at=places)
+        return logits[0] if isinstance(logits, tuple) else logits  # a mixture of experts': (logits, router statistics)
 
     def my_share(self, batches: list[list[int]]) -> list[list[int]]:
         """This process's batches of ``batches`` (every process holds them all), then empty ones until every
@@ -248,14 +252,8 @@ class HarnessModel(TemplateLM):
                 targets += continuation
                 owners.append((index, len(continuation)))
         branched = any(len(row.branches) > 1 for row in batch)
-        mask = branch_mask(segments).to(self.device) if branched else None
-        with torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
-            logits = self.transformer(ids.to(self.device), positions.to(self.device) if branched else None,
-                                      attention_mask=mask,
-                                      logits_at=tuple(torch.tensor(part, dtype=torch.long, device=self.device)
-                                                      for part in places))
-        if isinstance(logits, tuple):  # a mixture of experts': (logits, router statistics)
-            logits = logits[0]
+        logits = self.logits_at(ids, positions if branched else None, branch_mask(segments) if branched else None,
+                                tuple(torch.tensor(part, dtype=torch.long, device=self.device) for part in places))
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         targets = torch.tensor(targets, dtype=torch.long, device=logprobs.device)
         picked = logprobs.gather(-1, targets[:, None]).squeeze(-1).cpu()

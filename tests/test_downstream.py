@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,12 +28,13 @@ from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.downstream import Generation, HarnessModel, model_input, shared_contexts, token_batches
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.launch import LAUNCHER
-from llmfoundry_ext.model.llama import LlamaConfig, Transformer
+from llmfoundry_ext.model.llama import Transformer
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import main as train_main, train
 from llmfoundry_ext.weights import load_weights_folder, load_into
 from scripts.evaluate import main as evaluate_main
 from tests.conftest import FORKED, REPO, change, changes, config_error, write_yaml
+from tests.model.test_llama import TINY
 
 CHOICE_TASK = """task: arithmetic_choice
 dataset_path: json
@@ -264,8 +266,7 @@ def test_choices_sharing_a_context_score_as_one_forward_each():
     forward of that request alone, in one batch or several, with unshared requests and an empty continuation
     beside them."""
     torch.manual_seed(0)
-    model = Transformer(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=50,
-                                    max_seq_len=64, rope_theta=10000.0, rope_scaling_factor=1.0)).eval()
+    model = Transformer(replace(TINY, vocab_size=50)).eval()
     model.init_weights()
     tokenizer = type('Tokenizer', (), {'eos_token_id': 0, 'bos_token_id': None})()
     question, other = [3, 8, 13, 21, 4], [5, 6]
@@ -293,8 +294,7 @@ def test_greedy_generation_in_a_batch_is_each_contexts_own():
     parts) give the tokens of decoding each alone by whole forwards; each stops at its own limit, the EOS, or a stop
     string in its last tokens."""
     torch.manual_seed(0)
-    model = Transformer(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=50,
-                                    max_seq_len=64, rope_theta=10000.0, rope_scaling_factor=1.0)).eval()
+    model = Transformer(replace(TINY, vocab_size=50)).eval()
     model.init_weights()
     contexts = [[3, 8, 13, 21, 4, 9, 9], [5, 6], [40, 41, 42, 43], [44, 45, 46, 47, 48, 49]]
 
@@ -335,8 +335,7 @@ def test_text_is_encoded_as_the_hf_backend_encodes_it(tokenizer_folder, tmp_path
     bos_id = plain.convert_tokens_to_ids(BOS)
     adding = PreTrainedTokenizerFast(tokenizer_object=plain.backend_tokenizer, bos_token=BOS, eos_token=EOS)
     adding.backend_tokenizer.post_processor = TemplateProcessing(single=f'{BOS} $A', special_tokens=[(BOS, bos_id)])
-    model = Transformer(LlamaConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=300,
-                                    max_seq_len=64, rope_theta=10000.0, rope_scaling_factor=1.0))
+    model = Transformer(replace(TINY, vocab_size=300))
     words = plain.encode('the cat sat', add_special_tokens=False)
     for tokenizer, expected in ((plain, words), (adding, [bos_id, *words])):
         harness = HarnessModel(model, tokenizer, max_length=64)

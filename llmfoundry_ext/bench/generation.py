@@ -131,10 +131,10 @@ def run(args) -> dict:
     for dtype in args.dtypes:
         for generation_rows in args.generation_rows:
             rows.append(ours(args, weights, tasks, dtype, generation_rows))
-            print_row(rows[-1], rows)
+            print_row(rows[-1])
         for batch_size in args.hf_batch_sizes:
             rows.append(hf(args, weights, tasks, dtype, batch_size))
-            print_row(rows[-1], rows)
+            print_row(rows[-1])
     device = torch.cuda.get_device_name() if args.device.startswith('cuda') else args.device
     report = {'device': device, 'torch': torch.__version__, 'preset': args.preset,
               'questions': args.limit or args.questions, 'shots': args.shots, 'max_gen_toks': args.max_gen_toks,
@@ -143,7 +143,7 @@ def run(args) -> dict:
     return report
 
 
-def print_row(this: dict, rows: list[dict]) -> None:
+def print_row(this: dict) -> None:
     print(f"{this['row']:<28}{this['dtype']:>10}{this['seconds']:>10.2f} s"
           f"  exact_match {this['metrics'][f'metrics/downstream/{TASK}/exact_match']:.4f}", flush=True)
 
