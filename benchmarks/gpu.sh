@@ -28,6 +28,9 @@
 #   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
 #                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
+#   bash benchmarks/gpu.sh float8-8b            2 GPUs: llama8b.yaml as shipped at its 2 samples a GPU (auto: float8)
+#                                               beside torchtitan fp8 (LBS 2 and 1), twice; the bf16 row (no AC, kept
+#                                               gathered, LBS 1) beside torchtitan compile
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all);
 #                                               REPEATS=3 runs the modes three times over (ours' launches part by up
@@ -353,6 +356,15 @@ case "${1:-}" in
   profile-1b-ours) profile 1B 2 yamls/llama1b.yaml none ours ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;
+  float8-8b)  # llama8b.yaml as shipped (auto) at 2 samples a GPU beside torchtitan fp8 at LBS 2, twice, and at LBS 1;
+    # the bf16 row of bench-8b (none) beside torchtitan compile, between them
+    Y=yamls/llama8b.yaml
+    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/float8-8b.json" \
+      --row "shipped-1 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-1 torchtitan:fp8 FLAVOR=8B LBS=2" \
+      --row "ours-bf16 $Y global_batch_size=$GPUS ${OURS[none]}" --row "titan-compile torchtitan:compile FLAVOR=8B LBS=1" \
+      --row "shipped-2 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-2 torchtitan:fp8 FLAVOR=8B LBS=2" \
+      --row "titan-fp8-b1 torchtitan:fp8 FLAVOR=8B LBS=1" --versus shipped-1:titan-fp8-1 \
+      --versus shipped-2:titan-fp8-2 --versus ours-bf16:titan-compile ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench-mixtral)
     M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"
