@@ -45,8 +45,6 @@ class ModelConfig(KernelConfig):
     float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
     #                                  the GPU has float8 and the plan predicts it faster
     float8_recipe: str = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
-    float8_output: bool = False      # the output layer's GEMMs in float8 too, tensorwise (where float8 is on; not
-    #                                  with fused_kernels [cross_entropy], whose chunks run their own bf16 GEMMs)
 
     def family_entry(self) -> Family:
         return FAMILIES[self.family]
@@ -447,9 +445,6 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
         raise ConfigError(f"model.sdpa_kernel: '{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}")
     if model.float8_recipe not in FLOAT8_RECIPES:
         raise ConfigError(f"model.float8_recipe: '{model.float8_recipe}' is not one of {', '.join(FLOAT8_RECIPES)}")
-    if model.float8_output and 'cross_entropy' in model.fused_kernels:
-        raise ConfigError('model.float8_output: the fused cross_entropy kernel runs the output layer in its own bf16 '
-                          'chunks; drop cross_entropy from model.fused_kernels or set model.float8_output=false')
     if model.init_scheme not in INIT_SCHEMES:
         raise ConfigError(f"model.init_scheme: '{model.init_scheme}' is not one of {', '.join(INIT_SCHEMES)}")
     if isinstance(model, MixtralConfig):

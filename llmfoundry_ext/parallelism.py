@@ -51,8 +51,6 @@ def parallelize(transformer: Transformer, config: TrainConfig, context_parallel:
     if config.model.float8:
         fp8_all_gather = config.model.float8_recipe == 'tensorwise' and sharded
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
-        if config.model.float8_output:
-            transformer.lm_head.float8 = float8_matmul_config(transformer.lm_head)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
     fsdp = config.parallelism.fsdp
@@ -166,18 +164,6 @@ def convert_to_float8(transformer: Transformer, recipe: str, fp8_all_gather: boo
     convert_to_float8_training(layers, config=config, module_filter_fn=float8_eligible)
     for name, std in init_stds.items():  # the swapped-in Float8Linear modules keep the depth-scaled init
         layers.get_submodule(name).init_std = std
-
-
-def float8_matmul_config(linear: torch.nn.Linear) -> tuple:
-    """The (GEMM config, float8 config) of a tensorwise torchao ``Float8Linear`` of ``linear``'s shape, for a layer
-    that runs torchao's float8 matmul without being swapped for one (the output layer: its weight may be tied to the
-    embeddings, which a float8 all-gather must not touch)."""
-    from torchao.float8 import Float8LinearConfig
-    from torchao.float8.float8_linear import Float8Linear
-
-    config = Float8LinearConfig()
-    shape = Float8Linear(linear.in_features, linear.out_features, bias=False, config=config, device='meta')
-    return shape.linear_mm_config, config
 
 
 def float8_eligible(module: torch.nn.Module, name: str) -> bool:

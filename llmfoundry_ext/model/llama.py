@@ -253,18 +253,11 @@ class TransformerBlock(nn.Module):
 class OutputLayer(nn.Linear):
     """Hidden states -> logits; or, given labels, the fused output layer and cross-entropy (no logits). Both go
     through the module's call, so FSDP2 gathers the weight when the layer is its own unit; and both run inside the
-    Transformer's forward: Composer's FSDP2 reshards the root unit (the tied output weight's) when it returns.
-    ``float8``: torchao's (GEMM config, float8 config) where its GEMMs run in float8 (``model.float8_output``)."""
-    float8 = None
+    Transformer's forward: Composer's FSDP2 reshards the root unit (the tied output weight's) when it returns."""
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if labels is not None:
             return fused.linear_cross_entropy(hidden, self.weight, labels)
-        if self.float8 is not None and self.training:
-            from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
-            if torch.is_autocast_enabled():
-                hidden = hidden.to(torch.get_autocast_gpu_dtype())
-            return matmul_with_hp_or_float8_args.apply(hidden, self.weight.t(), *self.float8)
         return super().forward(hidden)
 
 
