@@ -31,6 +31,9 @@
 #   bash benchmarks/gpu.sh float8-8b            2 GPUs: llama8b.yaml as shipped at its 2 samples a GPU (auto: float8)
 #                                               beside torchtitan fp8 (LBS 2 and 1), twice; the bf16 row (no AC, kept
 #                                               gathered, LBS 1) beside torchtitan compile
+#   bash benchmarks/gpu.sh float8-1b            2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
+#                                               GPU (auto: float8), twice, with the garbage_collection callback,
+#                                               and at local batch 2 and 8; torchtitan compile (LBS 4)
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all);
 #                                               REPEATS=3 runs the modes three times over (ours' launches part by up
@@ -365,6 +368,21 @@ case "${1:-}" in
       --row "shipped-2 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-2 torchtitan:fp8 FLAVOR=8B LBS=2" \
       --row "titan-fp8-b1 torchtitan:fp8 FLAVOR=8B LBS=1" --versus shipped-1:titan-fp8-1 \
       --versus shipped-2:titan-fp8-2 --versus ours-bf16:titan-compile ;;
+  float8-1b)  # two lanes, one a GPU, at once: llama1b.yaml as shipped (auto) at its 4 samples a GPU, twice, and with
+    # the garbage_collection callback; at local batch 2 (float8) and 8; torchtitan compile at LBS 4
+    Y=yamls/llama1b.yaml GC="callbacks.garbage_collection={}"
+    lane() {  # gpu rows...
+      local gpu=$1; shift
+      CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
+        --json "$OUT/float8-1b-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/float8-1b-gpu$gpu.log"
+    }
+    lane 0 --row "shipped-1 $Y global_batch_size=4" --row "gc-1 $Y global_batch_size=4 $GC" \
+      --row "b2 $Y global_batch_size=2 device_microbatch_size=2" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
+      --versus shipped-1:titan-b4 &
+    lane 1 --row "shipped-2 $Y global_batch_size=4" --row "gc-2 $Y global_batch_size=4 $GC" \
+      --row "shipped-b8 $Y global_batch_size=8" &
+    wait
+    tail -n 25 "$OUT"/float8-1b-gpu*.log ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench-mixtral)
     M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"
