@@ -37,6 +37,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def tf32_as_the_test_found_it():
+    """Composer's GPU device turns TF32 matmuls on for the process (``DeviceGPU(allow_tf32=True)``); a training test
+    would leave them on for the fp32 comparisons that follow it in the same process."""
+    flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
 @pytest.fixture(autouse=True, scope='session')
 def shared_memory_prefixes_without_races():
     """The suite's two workers (pytest-xdist) start StreamingDatasets in one /dev/shm, as two jobs on a node do: the
