@@ -68,8 +68,13 @@ def main(argv: list[str]) -> int:
         print(f'error: {error}', file=sys.stderr)
         return 2
     except OSError as error:  # what the checks above could not foresee (a disk filling up, a file vanishing)
-        print(f'error: {error.filename or ""}: {error.strerror or error}; finished parts are kept: fix it and run the '
-              f'same command again', file=sys.stderr)
+        print(f'error: {error.filename or f"--out {args.out}"}: {error.strerror or error}; finished parts are kept: '
+              f'fix it and run the same command again', file=sys.stderr)
+        return 2
+    if not any(manifest[split]['windows'] for split in ('train', 'val')):
+        skipped = ', '.join(f'{count:,} {reason}' for reason, count in manifest['skipped'].items()) or 'none'
+        print(f"error: {args.source}: no document made a window of {args.concat_tokens:,} tokens (documents "
+              f"skipped: {skipped}); check the input files and --text-column", file=sys.stderr)
         return 2
     print(json.dumps({split: manifest[split] for split in ('train', 'val')} | {'skipped': manifest['skipped']}))
     return 0

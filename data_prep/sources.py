@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import pyarrow
 import pyarrow.parquet as pq
 
 
@@ -50,7 +51,11 @@ def files_under(root: str, pattern: str) -> list[str]:
 
 def check_columns(path: str, columns: list[str]) -> pq.ParquetFile:
     """The file, if it has ``columns``; else one line naming the first missing one and those it has."""
-    table = pq.ParquetFile(path)
+    try:
+        table = pq.ParquetFile(path)
+    except (pyarrow.ArrowInvalid, OSError) as error:
+        raise SourceError(f'{path}: not a parquet file ({str(error).splitlines()[0]}); give parquet files, or '
+                          f'jsonl:<glob> for JSON lines') from None
     missing = [c for c in columns if c not in table.schema_arrow.names]
     if missing:
         raise SourceError(f'{path}: no column {missing[0]!r} (it has {", ".join(table.schema_arrow.names)})')
@@ -81,9 +86,30 @@ def parquet_source(files: list[str], text_column: str, id_column: str | None, co
         yield from text_documents(numbered, text_column, lambda r: r[id_column] if id_column else r['_row'], counts)
 
 
+GZIP_MAGIC = b'\x1f\x8b'
+
+
+def open_lines(path: str):
+    """A JSON-lines file for reading bytes, gzip-compressed (as Dolma ships its .json.gz) or not, by its first bytes."""
+    with open(path, 'rb') as file:
+        compressed = file.read(2) == GZIP_MAGIC
+    return gzip.open(path, 'rb') if compressed else open(path, 'rb')
+
+
+def check_first_line(path: str) -> None:
+    with open_lines(path) as file:
+        first = file.readline()
+    try:
+        if first:
+            json.loads(first.decode('utf-8'))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise SourceError(f'{path}: its first line is not UTF-8 JSON (compressed other than by gzip?); give JSON '
+                          f'lines, plain or gzip-compressed') from None
+
+
 def jsonl_source(files: list[str], text_column: str, id_column: str | None, counts: Counts) -> Iterator[Document]:
     for path in files:
-        with open(path, 'rb') as file:
+        with open_lines(path) as file:
             for number, raw in enumerate(file):
                 try:
                     row = json.loads(raw.decode('utf-8'))
@@ -174,10 +200,18 @@ class TableSource:
         return list(self.paths)
 
     def check(self) -> None:
-        """Fail before any work if a parquet file lacks the columns."""
+        """Fail before any work if a parquet file lacks the columns, or the JSON-lines files are all empty or one
+        does not start with a line of UTF-8 JSON."""
         if self.kind == 'parquet':
             for path in self.paths:
                 check_columns(path, [self.text_column] + ([self.id_column] if self.id_column else []))
+            return
+        if not any(os.path.getsize(path) for path in self.paths):
+            raise SourceError(f"jsonl: {', '.join(self.paths[:3])}{' ...' if len(self.paths) > 3 else ''}: "
+                              f"{'every file is' if len(self.paths) > 1 else 'the file is'} empty; give files with "
+                              f"documents")
+        for path in self.paths:
+            check_first_line(path)
 
     def documents(self, file: str, counts: Counts) -> Iterator[Document]:
         read = parquet_source if self.kind == 'parquet' else jsonl_source

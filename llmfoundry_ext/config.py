@@ -13,6 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -207,6 +208,9 @@ class TrainConfig:
 
 
 PRECISIONS = ('fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8')
+DURATION_KEYS = ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval', 'downstream.interval')
+STATE_DICT_TYPES = ('sharded', 'full')
+SEEDS = range(2 ** 32)  # what numpy's and Composer's seeding take
 
 
 def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
@@ -226,12 +230,29 @@ def read_yaml(yaml_path: str, overrides: list[str] = ()) -> dict:
     try:
         merged = OmegaConf.merge(OmegaConf.load(yaml_path), parse_overrides(overrides))
         raw = OmegaConf.to_container(merged, resolve=True)
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(yaml_error_line(yaml_path, error)) from None
     except OmegaConfBaseException as error:
         raise ConfigError(f'{yaml_path}: {first_line(error)}') from None
     if not isinstance(raw, dict):
         raise ConfigError(f'{yaml_path}: expected a mapping of keys at the top level')
     raw.pop('variables', None)
     return raw
+
+
+def yaml_error_line(path: str, error: yaml.MarkedYAMLError) -> str:
+    """A YAML syntax error (a tab in the indentation, a key given twice) as file:line:column and what is wrong."""
+    mark = error.problem_mark or error.context_mark
+    if mark is None:
+        return f'{path}: {first_line(error)}'
+    with open(path) as file:
+        line = (file.read().splitlines() + [''])[mark.line]
+    if line[mark.column:mark.column + 1] == '\t':
+        problem = 'a tab in the indentation; indent with spaces'
+    else:
+        problem = error.problem or error.context or 'not valid YAML'
+        problem += '; give each key once' if 'duplicate' in problem else ''
+    return f'{path}:{mark.line + 1}:{mark.column + 1}: {problem}'
 
 
 def parse_overrides(overrides: list[str]):
@@ -352,6 +373,9 @@ def build_or_auto(types_: list, value, path: str):
 def build_scalar(cls, value, path: str):
     if cls is Any:
         return value
+    if path in DURATION_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(f'{path}: {value} has no unit; write {value}ba (batches), {value}ep, {value}tok or '
+                          f'{value}sp')
     if cls is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if cls is int and isinstance(value, bool) or not isinstance(value, cls):
@@ -376,6 +400,8 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 def validate(config: TrainConfig) -> None:
     """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
     check_positive(config, ('global_batch_size', 'max_seq_len', 'node_timeout_s'))
+    if config.seed not in SEEDS:
+        raise ConfigError(f'seed: {config.seed} is out of range; give a whole number from 0 to {SEEDS[-1]:,}')
     check_context_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
@@ -485,6 +511,9 @@ def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:
     if fsdp.activation_checkpointing not in (*AC_MODES, 'auto'):
         raise ConfigError(f"parallelism.fsdp.activation_checkpointing: '{fsdp.activation_checkpointing}' is not one "
                           f"of {', '.join(AC_MODES)}, auto")
+    if fsdp.state_dict_type not in STATE_DICT_TYPES:
+        raise ConfigError(f"parallelism.fsdp.state_dict_type: '{fsdp.state_dict_type}' is not one of "
+                          f"{', '.join(STATE_DICT_TYPES)}{suggest(fsdp.state_dict_type, STATE_DICT_TYPES, 'values')}")
     if fsdp.checkpoint_every < 1:
         raise ConfigError(f'parallelism.fsdp.checkpoint_every: must be >= 1, got {fsdp.checkpoint_every}')
     if fsdp.replicate_degree != 'auto' and (fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree):
@@ -547,9 +576,13 @@ def check_duration(config: TrainConfig, key: str) -> None:
     for part in key.split('.'):
         value = getattr(value, part)
     try:
-        Time.from_timestring(value)
+        duration = Time.from_timestring(value)
     except (ValueError, TypeError):
         raise ConfigError(f"{key}: '{value}' is not a duration; write e.g. 1000ba, 2ep, 1000000tok or 5000sp") from None
+    if duration.value <= 0:
+        never = {'max_duration': 'trains nothing', 'checkpoint.save_interval': 'never saves'}.get(key, 'never comes')
+        fix = '; set checkpoint.save_folder=null to save no checkpoints' if key == 'checkpoint.save_interval' else ''
+        raise ConfigError(f"{key}: '{value}' {never}; give a positive duration, e.g. 1000ba{fix}")
 
 
 def check_loader(loader: LoaderConfig, path: str) -> None:

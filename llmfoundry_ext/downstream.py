@@ -32,6 +32,7 @@ from llmfoundry_ext.config import DownstreamConfig
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.machine import world_size
 from llmfoundry_ext.model.kv_cache import caching
+from llmfoundry_ext.refusal import default_sigterm, exit_2_on_sigterm, refuse
 from llmfoundry_ext.weights import HF_CONFIG, NATIVE_CONFIG, family_of, load_into, load_weights_folder
 
 try:
@@ -614,14 +615,15 @@ def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: f
     """``scripts/evaluate.py``: the tasks scored on the weights of ``source`` (under a launcher, the model sharded over
     its processes, each running its share of the requests); rank 0 prints the table. 2 with one line for a bad task,
     source or tokenizer, before any weights reach a device."""
+    exit_2_on_sigterm()
     try:
         loaded, _ = load_tasks(tasks, include)
         model, harness_tokens, max_length = model_from_weights(source, tokenizer)
     except (ConfigError, CheckpointError) as error:
-        print(f'error: {error}', file=sys.stderr)
-        return 2
+        return refuse(f'error: {error}')
     on_gpu, launched = device.startswith('cuda'), world_size() > 1
     with launched_processes(on_gpu) if launched else contextlib.nullcontext(torch.device(device)) as place:
+        default_sigterm()
         model = model.to(place, getattr(torch, dtype) if on_gpu else torch.float32)  # as the HF backend's dtype
         if launched:
             shard_over_processes(model)
@@ -634,6 +636,9 @@ def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: f
 
 def harness_tokenizer(folder: str | None):
     """transformers' tokenizer of a tokenizer folder, as the harness's HF backend reads one; it must name its EOS."""
+    if folder is not None and not os.path.isdir(folder):
+        raise ConfigError(f"{folder}: no such tokenizer folder (a run's relative data.tokenizer is relative to the "
+                          f"folder it trained in); run from there, or give --tokenizer")
     if folder is None or not os.path.isfile(os.path.join(folder, 'tokenizer_config.json')):
         raise ConfigError(f'{folder}: no tokenizer_config.json naming the tokenizer\'s eos_token (and bos_token, if it '
                           f'has one); add one, or use a tokenizer folder that has it')

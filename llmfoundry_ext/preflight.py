@@ -5,6 +5,7 @@ a Trainer.
 
 Each problem is a ``ConfigError``: one line naming the key and the fix.
 """
+import dataclasses
 import importlib
 import json
 import os
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from omegaconf import OmegaConf
 
 from llmfoundry_ext import registry
 from llmfoundry_ext.cli import unwritable_reason
@@ -22,7 +24,9 @@ from llmfoundry_ext.machine import Machine, global_rank, gpu_of_this_machine
 from llmfoundry_ext.model.attention import CONTEXT_PARALLEL_BACKENDS, choose_backend, has_module, missing_reason
 from llmfoundry_ext.model.fused import fused_kernels_problem
 from llmfoundry_ext.model.kernels import KernelConfig
+from llmfoundry_ext.model.llama import weight_fields
 from llmfoundry_ext.plan.run_plan import RunPlan, settle
+from llmfoundry_ext.resumption import checkpoints_newest_first
 from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
 from llmfoundry_ext.weights import safetensors_files
 
@@ -60,6 +64,7 @@ def check(config: TrainConfig) -> Run:
                 if stream.remote is None:
                     check_local_stream(stream.local, f'data.{split}.streams.{name}.local', config.max_seq_len)
             vocabulary.check_streams(loader, f'data.{split}')
+    check_resumed_architecture(config)
     registry.check_all(config)
     return Run(config, plan, config.model.architecture(), kernels,
                eos_token_id=vocabulary.eos_token_id() if config.data.document_masking else None,
@@ -95,7 +100,7 @@ def resolve_kernels(config: TrainConfig) -> KernelConfig:
     ``attn_impl`` resolved to the backend that runs (``auto``: the fastest here that masks as the data asks)."""
     model = config.model
     on_gpu = torch.cuda.is_available()
-    problems = {'model.attn_impl': missing_reason(model.attn_impl) or flex_on_cpu_problem(model.attn_impl, on_gpu),
+    problems = {'model.attn_impl': missing_reason(model.attn_impl) or gpu_only_problem(model.attn_impl, on_gpu),
                 'model.fused_kernels': fused_kernels_problem(model.fused_kernels, on_gpu)}
     if model.float8:
         problems['model.float8'] = float8_problem()
@@ -171,13 +176,14 @@ def has_context_parallelism() -> bool:
 FLEX_BLOCK = 128  # flex attention's block size: its context-parallel masks need whole blocks per rank
 
 
-def flex_on_cpu_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
-    """Training with flex attention on the CPU stops at the first backward with an inductor IndexError
-    (seen with torch 2.7): refused before the run."""
-    if attn_impl == 'flex' and not on_gpu:
-        return (f"'flex' trains only on a GPU (on the CPU, torch {torch.__version__}'s inductor fails to compile "
-                f"its backward); set model.attn_impl=auto or sdpa on the CPU")
-    return None
+def gpu_only_problem(attn_impl: str, on_gpu: bool) -> Optional[str]:
+    """varlen and flash are FA-2 kernels, GPU only; flex on the CPU stops at the first backward with an inductor
+    IndexError (seen with torch 2.7): each refused before the run."""
+    if on_gpu or attn_impl not in ('flex', 'varlen', 'flash'):
+        return None
+    why = (f"on the CPU, torch {torch.__version__}'s inductor fails to compile its backward" if attn_impl == 'flex'
+           else 'its FA-2 kernels have no CPU version')
+    return f"'{attn_impl}' trains only on a GPU ({why}); set model.attn_impl=auto or sdpa on the CPU"
 
 
 def check_init_from(model: ModelConfig) -> None:
@@ -295,6 +301,22 @@ def check_checkpoint_paths(config: TrainConfig, sharded: bool) -> None:
                           f'and this run reads {"shards (FSDP2)" if sharded else "one file (one process)"}; convert '
                           f'it (python -m torch.distributed.checkpoint.format_utils {mode} {load_path} {out}) or put '
                           f'the run in checkpoint.save_folder, whose autoresume converts it')
+
+
+def check_resumed_architecture(config: TrainConfig) -> None:
+    """A save folder with checkpoints resumes a model of the shape they hold: the architecture its ``config.yaml``
+    recorded (``train.write_resolved_config``, written when a run starts training) against this run's."""
+    folder = config.checkpoint_folder
+    recorded = os.path.join(folder or '', 'config.yaml')
+    if not (config.checkpoint.autoresume and os.path.isfile(recorded) and checkpoints_newest_first(folder, True)):
+        return
+    before = OmegaConf.to_container(OmegaConf.load(recorded)).get('model') or {}
+    now = dataclasses.asdict(config.model)
+    for key in ('family', *weight_fields(type(config.model.architecture()))):
+        if key in before and before[key] != now[key]:
+            raise ConfigError(f'model.{key}: {now[key]}, but the checkpoints in {folder} are of a model with '
+                              f'{before[key]}; set model.{key}={before[key]} to resume them, or give a new '
+                              f'checkpoint.save_folder to start another run')
 
 
 def read_tokenizer_or_fail(path: str):

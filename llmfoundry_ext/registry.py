@@ -5,7 +5,9 @@ without a host sync a batch; garbage_collection: Python's collection at batch bo
 A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
 misspelt name or argument is one line naming it and the nearest valid choice.
 """
+import importlib.util
 import inspect
+import numbers
 
 import torch
 from composer import algorithms, callbacks, loggers, optim
@@ -17,7 +19,7 @@ from llmfoundry_ext.callbacks.step_monitor import StepMonitor
 from llmfoundry_ext.callbacks.stop_after import StopAfter
 from llmfoundry_ext.callbacks.tensorboard import TensorboardLogger
 from llmfoundry_ext.clipping import GradientClipping
-from llmfoundry_ext.config import suggest
+from llmfoundry_ext.config import describe, first_line, suggest
 from llmfoundry_ext.errors import ConfigError
 
 CALLBACKS = {
@@ -51,6 +53,7 @@ LOGGERS = {
     'file': loggers.FileLogger,
     'in_memory': loggers.InMemoryLogger,
 }
+LOGGER_PACKAGES = {'wandb': 'wandb', 'mlflow': 'mlflow'}  # what Composer's logger imports when it is built
 OPTIMIZERS = {
     'decoupled_adamw': optim.DecoupledAdamW,
     'adamw': torch.optim.AdamW,
@@ -110,8 +113,41 @@ def check_all(config) -> None:
         for name, kwargs in getattr(config, kind).items():
             path = f'{kind}.{name}'
             check_arguments(lookup(kind, name, path), kwargs or {}, path)
+    for name in config.loggers:
+        check_installed(name)
     name, kwargs = named_entries(config.optimizer, 'optimizer')
-    check_arguments(lookup('optimizer', name, 'optimizer.name'), kwargs, 'optimizer', positional=('params',))
+    optimizer_class = lookup('optimizer', name, 'optimizer.name')
+    check_arguments(optimizer_class, kwargs, 'optimizer', positional=('params',))
+    check_optimizer_values(optimizer_class, kwargs)
     if config.scheduler is not None:
         name, kwargs = named_entries(config.scheduler, 'scheduler')
         check_arguments(lookup('scheduler', name, 'scheduler.name'), kwargs, 'scheduler')
+
+
+def check_installed(logger: str) -> None:
+    package = LOGGER_PACKAGES.get(logger)
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError(f'loggers.{logger}: needs the {package} package, which is not installed; pip install '
+                          f'{package}, or remove loggers.{logger}')
+
+
+def check_optimizer_values(cls, kwargs: dict) -> None:
+    """The optimizer built over one scalar parameter, so that its own checks of lr, betas, eps and weight decay speak
+    now, in one line, not as a traceback when training starts; numbers and betas' shape first, which it would
+    report as a comparison of a str or an index out of range."""
+    for key in ('lr', 'eps', 'weight_decay', 'momentum'):
+        if key in kwargs and not is_number(kwargs[key]):
+            raise ConfigError(f'optimizer.{key}: expected a number, got {describe(kwargs[key])}')
+    betas = kwargs.get('betas', (0.9, 0.999))
+    if not (isinstance(betas, (list, tuple)) and len(betas) == 2 and all(map(is_number, betas))):
+        raise ConfigError(f'optimizer.betas: expected two numbers [beta1, beta2], got {betas!r}')
+    probe = {key: value for key, value in kwargs.items() if key not in ('fused', 'foreach')}  # kernels, not values
+    try:
+        cls([torch.nn.Parameter(torch.zeros(1))], **probe)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f'optimizer: {cls.__name__} refuses its arguments ({first_line(error)}); fix the '
+                          f'optimizer keys') from None
+
+
+def is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)

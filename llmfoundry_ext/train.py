@@ -19,6 +19,7 @@ from llmfoundry_ext.machine import GIB, global_rank
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
 from llmfoundry_ext.preflight import Run, prepare
+from llmfoundry_ext.refusal import default_sigterm, exit_2_on_sigterm, refuse
 from llmfoundry_ext.resumption import prepare_autoresume
 
 DIST_TIMEOUT_SECONDS = 300.0
@@ -30,11 +31,11 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ('-h', '--help'):
         print(USAGE, file=sys.stderr)
         return 2
+    exit_2_on_sigterm()
     try:
         run = prepare(argv[0], argv[1:])
     except ConfigError as error:
-        print(f'config error: {error}', file=sys.stderr)
-        return 2
+        return refuse(f'config error: {error}')
     try:
         train(run)
     except TrainingStopped as stop:
@@ -51,6 +52,7 @@ def train(run: Run, extra_callbacks: list = (), model=None):
     nodes is watched (``node_watch``): when a node dies, the others stop with one line naming it."""
     device = get_device(None)
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
+    default_sigterm()
     watch = start_node_watch(run.config.node_timeout_s)
     try:
         trainer = build_and_fit(run, device, extra_callbacks, model)
@@ -112,12 +114,16 @@ def prepare_autoresume_on_rank_zero(folder: str, sharded: bool) -> None:
 
 
 def write_resolved_config(config: TrainConfig) -> None:
-    """The config as resolved (presets, overrides) next to the checkpoints, written atomically."""
+    """The config as resolved (presets, overrides) next to the checkpoints, written atomically; its tokenizer's
+    path absolute, so that scripts/evaluate.py and the exports find it from any folder."""
     folder = config.checkpoint_folder
     if folder is None:
         return
     os.makedirs(folder, exist_ok=True)
-    write_atomically(os.path.join(folder, 'config.yaml'), OmegaConf.to_yaml(dataclasses.asdict(config)))
+    resolved = dataclasses.asdict(config)
+    if config.data.tokenizer is not None and '://' not in config.data.tokenizer:
+        resolved['data']['tokenizer'] = os.path.abspath(config.data.tokenizer)
+    write_atomically(os.path.join(folder, 'config.yaml'), OmegaConf.to_yaml(resolved))
 
 
 ORDER_KEYS = ('seed', 'global_batch_size', 'max_seq_len', 'objective', 'data.document_masking', 'data.train.streams',

@@ -3,6 +3,7 @@ stderr naming the problem and the fix, exit status 2, no traceback, and no outpu
 import json
 import os
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -11,11 +12,12 @@ from data_prep.convert_to_mds import main as convert_main
 from llmfoundry_ext.data.mds import write_mds
 from data_prep.train_tokenizer import train_bpe
 from llmfoundry_ext.data.mds import file_sha256
+from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.train import main as train_main
 from llmfoundry_ext.train import train
 from llmfoundry_ext.preflight import prepare
 from scripts.convert_checkpoint import main as checkpoint_main
-from tests.conftest import write_yaml
+from tests.conftest import REPO, write_yaml
 from tests.data_prep.test_sources import write_parquet
 
 COMMANDS = {'train': train_main, 'convert': convert_main, 'checkpoint': checkpoint_main}
@@ -119,6 +121,29 @@ def two_inputs(world, tmp_path) -> str:
     return str(tmp_path / 'in')
 
 
+def yaml_with(world, tmp_path, edit) -> str:
+    """The world's run YAML, its text edited, in ``tmp_path``."""
+    with open(world['yaml']) as file:
+        text = edit(file.read())
+    with open(tmp_path / 'edited.yaml', 'w') as file:
+        file.write(text)
+    return str(tmp_path / 'edited.yaml')
+
+
+def written(path, content: bytes) -> str:
+    with open(path, 'wb') as file:
+        file.write(content)
+    return str(path)
+
+
+ADAMW = 'optimizer.name=adamw'
+FRESH = 'checkpoint.save_folder={tmp}/fresh'  # a run that would train (the world's run is complete)
+
+
+def fresh(tmp_path) -> str:
+    return FRESH.format(tmp=tmp_path)
+
+
 # (command, argv from (world, tmp_path), the one line expected on stderr with {placeholders} from world and
 # tmp_path, the output folder that must not change)
 CASES = {
@@ -195,6 +220,47 @@ CASES = {
     'train: bf16 without a GPU': ('train', lambda w, t: [w['yaml'], 'precision=amp_bf16'],
                                   'config error: precision: amp_bf16 needs a GPU and none is visible; use '
                                   'precision=fp32 on CPU', 'run'),
+    'train: YAML indented with a tab': (
+        'train', lambda w, t: [yaml_with(w, t, lambda text: text.replace('  dim:', '\tdim:'))],
+        'config error: {tmp}/edited.yaml:{dim_line}:1: a tab in the indentation; indent with spaces', 'run'),
+    'train: a key given twice': (
+        'train', lambda w, t: [yaml_with(w, t, lambda text: text + 'max_seq_len: 32\n')],
+        'config error: {tmp}/edited.yaml:{last_line}:1: found duplicate key max_seq_len; give each key once', 'run'),
+    'train: negative learning rate': ('train', lambda w, t: [w['yaml'], ADAMW, 'optimizer.lr=-3e-3'],
+                                      'config error: optimizer: AdamW refuses its arguments (Invalid learning rate: '
+                                      '-0.003); fix the optimizer keys', 'run'),
+    'train: learning rate with a typo': ('train', lambda w, t: [w['yaml'], ADAMW, 'optimizer.lr=3e-3x'],
+                                         "config error: optimizer.lr: expected a number, got str '3e-3x'", 'run'),
+    'train: one beta': ('train', lambda w, t: [w['yaml'], ADAMW, 'optimizer.betas=[0.9]'],
+                        'config error: optimizer.betas: expected two numbers [beta1, beta2], got [0.9]', 'run'),
+    'train: negative seed': ('train', lambda w, t: [w['yaml'], 'seed=-1'],
+                             'config error: seed: -1 is out of range; give a whole number from 0 to 4,294,967,295',
+                             'run'),
+    'train: max_duration 0ba': ('train', lambda w, t: [w['yaml'], 'max_duration=0ba'],
+                                "config error: max_duration: '0ba' trains nothing; give a positive duration, e.g. "
+                                "1000ba", 'run'),
+    'train: a duration without its unit': ('train', lambda w, t: [w['yaml'], 'max_duration=300'],
+                                           'config error: max_duration: 300 has no unit; write 300ba (batches), '
+                                           '300ep, 300tok or 300sp', 'run'),
+    'train: save_interval 0ba': ('train', lambda w, t: [w['yaml'], 'checkpoint.save_interval=0ba'],
+                                 "config error: checkpoint.save_interval: '0ba' never saves; give a positive "
+                                 "duration, e.g. 1000ba; set checkpoint.save_folder=null to save no checkpoints",
+                                 'run'),
+    'train: varlen attention on the CPU': (
+        'train', lambda w, t: [w['yaml'], fresh(t), 'model.attn_impl=varlen'],
+        "config error: model.attn_impl: 'varlen' trains only on a GPU (its FA-2 kernels have no CPU version); set "
+        "model.attn_impl=auto or sdpa on the CPU", 'run'),
+    'train: a logger whose package is not installed': (
+        'train', lambda w, t: [w['yaml'], 'loggers.wandb={}'],
+        'config error: loggers.wandb: needs the wandb package, which is not installed; pip install wandb, or remove '
+        'loggers.wandb', 'run'),
+    'train: misspelt state_dict_type': ('train', lambda w, t: [w['yaml'], 'parallelism.fsdp.state_dict_type=shardedd'],
+                                        "config error: parallelism.fsdp.state_dict_type: 'shardedd' is not one of "
+                                        "sharded, full; did you mean 'sharded'?", 'run'),
+    'train: resuming checkpoints of another shape': (
+        'train', lambda w, t: [w['yaml'], 'model.n_layers=3', 'max_duration=4ba'],
+        'config error: model.n_layers: 3, but the checkpoints in {run} are of a model with 2; set model.n_layers=2 '
+        'to resume them, or give a new checkpoint.save_folder to start another run', 'run'),
     'convert: unknown source': ('convert', lambda w, t: ['--source', 'redpajama:all', '--tokenizer', w['tokenizer'],
                                                          '--concat-tokens', '16', '--out', w['converted']],
                                 "error: unknown source 'redpajama:all'; use one of zyda2:<component>, "
@@ -268,6 +334,20 @@ CASES = {
         'error: s3://softwareheritage at http://127.0.0.1:9: Could not connect to the endpoint URL: '
         '"http://127.0.0.1:9/softwareheritage"; check --s3-endpoint, the network and the AWS credentials in the '
         'environment', 'converted'),
+    'convert: a file that is not parquet': (
+        'convert', lambda w, t: ['--source', f"parquet:{written(t / 'x.parquet', b'hello')}", '--tokenizer',
+                                 w['tokenizer'], '--concat-tokens', '16', '--out', f'{t}/out'],
+        'error: {tmp}/x.parquet: not a parquet file (Parquet file size is 5 bytes, smaller than the minimum file '
+        'footer (8 bytes)); give parquet files, or jsonl:<glob> for JSON lines', 'converted'),
+    'convert: an empty jsonl file': (
+        'convert', lambda w, t: ['--source', f"jsonl:{written(t / 'x.jsonl', b'')}", '--tokenizer', w['tokenizer'],
+                                 '--concat-tokens', '16', '--out', f'{t}/out'],
+        'error: jsonl: {tmp}/x.jsonl: the file is empty; give files with documents', 'converted'),
+    'convert: a jsonl file that is not JSON': (
+        'convert', lambda w, t: ['--source', f"jsonl:{written(t / 'x.jsonl', bytes(range(256)))}", '--tokenizer',
+                                 w['tokenizer'], '--concat-tokens', '16', '--out', f'{t}/out'],
+        'error: {tmp}/x.jsonl: its first line is not UTF-8 JSON (compressed other than by gzip?); give JSON lines, '
+        'plain or gzip-compressed', 'converted'),
     'checkpoint: to-hf of a folder without checkpoints': (
         'checkpoint', lambda w, t: ['to-hf', w['root'] + '/data', f'{t}/out'],
         'error: {root}/data: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or one '
@@ -318,7 +398,9 @@ def tree_digest(folder: str) -> dict[str, str]:
 
 def placeholders(world, tmp_path) -> dict:
     stream_shard, checkpoint = shard(world['stream']), f"{world['run']}/ep0-ba2-rank0.pt"
-    return {**world, 'library_says': library_says(f'{tmp_path}/tokenizer/tokenizer.json'),
+    lines = open(world['yaml']).read().splitlines()
+    return {**world, 'dim_line': next(i for i, line in enumerate(lines, 1) if line.strip().startswith('dim:')),
+            'last_line': len(lines) + 1, 'library_says': library_says(f'{tmp_path}/tokenizer/tokenizer.json'),
             'checkpoint': f'{os.path.getsize(checkpoint):,}',
             'truncated_checkpoint': f'{os.path.getsize(checkpoint) // 2:,}', 'tmp': str(tmp_path),
             'sha12': file_sha256(f"{world['tokenizer']}/tokenizer.json")[:12],
@@ -358,3 +440,16 @@ def test_a_bad_input_is_one_line_and_exit_status_2(world, tmp_path, capsys, monk
     assert stderr.splitlines() == [expected.format(**placeholders(world, tmp_path))]
     assert status == 2
     assert tree_digest(world[output]) == before
+
+
+@pytest.mark.slow
+def test_under_the_launcher_a_bad_input_is_printed_once_and_exits_2(world):
+    """Both ranks find it; Composer's launcher would otherwise report the rank it stopped (-15: 241)."""
+    for _ in range(2):
+        result = subprocess.run([*LAUNCHER, '-n', '2', os.path.join(REPO, 'train.py'), world['yaml'], 'seed=-1'],
+                                capture_output=True, text=True, timeout=120)
+        output = (result.stdout + result.stderr).splitlines()
+        assert result.returncode == 2
+        assert [line for line in output if 'seed' in line] == [
+            'config error: seed: -1 is out of range; give a whole number from 0 to 4,294,967,295']
+        assert not [line for line in output if 'Traceback' in line]

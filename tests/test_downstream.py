@@ -25,7 +25,8 @@ from data_prep.train_tokenizer import BOS, EOS, train_bpe
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.checkpoint import export_to_hf
 from llmfoundry_ext.data.mds import write_mds
-from llmfoundry_ext.downstream import Generation, HarnessModel, model_input, shared_contexts, token_batches
+from llmfoundry_ext.downstream import (Generation, HarnessModel, harness_tokenizer, model_input, shared_contexts,
+                                      token_batches)
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.llama import Transformer
@@ -380,6 +381,14 @@ def test_a_process_ends_without_the_teardown_that_aborts_with_a_busy_gloo_worker
 def last_line(stderr: str) -> str:
     """The error line (datasets may draw its progress above it while the harness loads a task)."""
     return stderr.strip().splitlines()[-1]
+
+
+def test_a_tokenizer_folder_that_is_not_there_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        harness_tokenizer(str(tmp_path / 'tokenizer'))
+    assert str(refused.value) == (f"{tmp_path / 'tokenizer'}: no such tokenizer folder (a run's relative "
+                                  f"data.tokenizer is relative to the folder it trained in); run from there, or give "
+                                  f"--tokenizer")
 
 
 @pytest.mark.slow

@@ -6,12 +6,13 @@ import subprocess
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from llmfoundry_ext.build import build_collator
 from llmfoundry_ext.config import load
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext import use_expandable_segments
-from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train
+from llmfoundry_ext.train import checkpoint_line, context_parallel_layout, train, write_resolved_config
 from tests.conftest import FORKED, REPO, write_yaml
 
 
@@ -24,6 +25,21 @@ def test_resume_warns_when_the_data_order_settings_changed(tiny_config, tmp_path
     warnings = [line for line in capsys.readouterr().out.splitlines() if line.startswith('warning:')]
     assert warnings == ['warning: data.train.shuffle_seed changed since the checkpointed run (3 -> 4): the sample '
                         'order will not continue exactly where it stopped']
+
+
+def test_the_recorded_config_names_the_tokenizer_from_anywhere(tiny_config, tmp_path, monkeypatch):
+    """config.yaml, which scripts/evaluate.py and the exports read from any folder, holds the tokenizer's absolute
+    path where the YAML gave it relative to the folder the run trained in."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs('tokenizer')
+    tiny_config['data']['tokenizer'] = 'tokenizer'
+    config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    write_resolved_config(config)
+    recorded = OmegaConf.load(os.path.join(config.checkpoint_folder, 'config.yaml'))
+    given = tiny_config['data']['train']['streams']
+    assert recorded.data.tokenizer == str(tmp_path / 'tokenizer')
+    assert {name: stream.local for name, stream in recorded.data.train.streams.items()} == {
+        name: stream['local'] for name, stream in given.items()}  # the streams as given
 
 
 @pytest.mark.parametrize('users', [{}, {'PYTORCH_CUDA_ALLOC_CONF': 'max_split_size_mb:512'}])

@@ -1,5 +1,7 @@
 """The converter: exact token streams with EOS between documents, a hash-based hold-out, parallel parts,
 resumption after kill -9, and one clear line for bad input."""
+import errno
+import gzip
 import json
 import os
 import signal
@@ -13,6 +15,7 @@ import pytest
 from streaming import StreamingDataset
 
 from data_prep.convert import Job, convert, in_validation, resolve_tokenizer
+from data_prep.convert_to_mds import main as convert_main
 from data_prep.convert_to_mds import node_placement
 from data_prep.packing import pack
 from data_prep.sources import SourceError, parse_source
@@ -201,9 +204,10 @@ def test_node_placement_comes_from_the_arguments_then_slurm(environment, given, 
 
 
 def test_a_stream_whose_documents_fill_no_window_is_one_line(tmp_path, tokenizer_file):
+    """The converter says so (exit 2), and training refuses the folder it wrote."""
     os.makedirs(tmp_path / 'in')
     (tmp_path / 'in' / 'short.jsonl').write_text(json.dumps({'text': 'too short', 'id': '0'}) + '\n')
-    assert run_cli(tmp_path, str(tmp_path / 'out'), tokenizer_file).wait(timeout=600) == 0
+    assert run_cli(tmp_path, str(tmp_path / 'out'), tokenizer_file).wait(timeout=600) == 2
     with pytest.raises(ConfigError) as refused:
         check_local_stream(str(tmp_path / 'out' / 'train'), 'data.train.streams.code.local', 64)
     assert str(refused.value) == (f"data.train.streams.code.local: {tmp_path / 'out' / 'train'} holds no samples (its "
@@ -220,6 +224,32 @@ def test_the_cli_prints_one_line_and_no_traceback(tmp_path, tokenizer_file):
         2, '', "error: unknown source 'redpajama:all'; use one of zyda2:<component>, finemath:<config>, stack-v2, "
                "parquet:<glob>, jsonl:<glob>\n")
     assert not os.path.exists(tmp_path / 'out')
+
+
+def test_gzip_compressed_json_lines_convert_as_the_plain_ones(tmp_path, tokenizer_file):
+    rng = np.random.default_rng(0)
+    lines = ''.join(json.dumps({'text': sentence(rng), 'id': str(i)}) + '\n' for i in range(300)).encode()
+    (tmp_path / 'plain.jsonl').write_bytes(lines)
+    (tmp_path / 'packed.jsonl.gz').write_bytes(gzip.compress(lines))
+    streams = []
+    for name in ('plain.jsonl', 'packed.jsonl.gz'):
+        job = Job(parse_source(f'jsonl:{tmp_path / name}'), tokenizer_file, 16, 0.0, str(tmp_path / f'out-{name}'))
+        manifest = convert(job, 1, EOS, BOS, progress=False)
+        streams.append(token_stream(str(tmp_path / f'out-{name}' / 'train')))
+        assert manifest['skipped'] == {}
+    assert len(streams[0]) > 1000 and streams[0] == streams[1]
+
+
+def test_a_full_disk_names_the_output_folder(tmp_path, tokenizer_file, monkeypatch, capsys):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, 'No space left on device')  # as a write deep in a worker reports it: no path
+
+    monkeypatch.setattr('data_prep.convert_to_mds.convert', no_space)
+    (tmp_path / 'docs.jsonl').write_text(json.dumps({'text': 'alpha beta'}) + '\n')
+    assert convert_main(['--source', f"jsonl:{tmp_path / 'docs.jsonl'}", '--tokenizer', tokenizer_file,
+                         '--concat-tokens', '16', '--out', str(tmp_path / 'out')]) == 2
+    assert capsys.readouterr().err == (f"error: --out {tmp_path / 'out'}: No space left on device; finished parts are "
+                                       f"kept: fix it and run the same command again\n")
 
 
 @dataclass(frozen=True)
@@ -300,8 +330,6 @@ def test_train_tokenizer_cli_then_convert_with_it(tmp_path):
 
 
 def test_stack_v2_through_the_converter(s3_endpoint, tmp_path, tokenizer_file, monkeypatch):
-    import gzip
-
     from data_prep.sources import BlobStore
     for name, value in {'AWS_ACCESS_KEY_ID': 'test', 'AWS_SECRET_ACCESS_KEY': 'test',
                         'AWS_DEFAULT_REGION': 'us-east-1'}.items():

@@ -1,0 +1,38 @@
+"""A bad input refused under Composer's launcher as in one process: its line printed once, exit status 2.
+
+Every rank checks the same input before the process group forms, and Composer's launcher, once one rank has exited,
+stops the others with SIGTERM and exits with the status of the lowest rank that failed. A rank stopped that way
+reports -15, which the shell sees as 241. So, until the process joins the group (``default_sigterm``), a SIGTERM
+ends it with status 2 (``exit_2_on_sigterm``). A rank other than 0 that finds a problem waits ``RANK_ZERO_FIRST_S`` first: rank 0, which
+found it too, prints it and exits, and the launcher stops the waiting rank before it prints. If rank 0 found nothing
+(a node-local problem), the waiting rank prints its line and exits 2; the launcher's SIGTERM then ends rank 0, still
+waiting for the group, with 2 as well.
+"""
+import os
+import signal
+import sys
+import time
+
+from llmfoundry_ext.machine import Machine
+
+RANK_ZERO_FIRST_S = 5.0
+
+
+def exit_2_on_sigterm() -> None:
+    """A SIGTERM ends the process with status 2, without output (until ``default_sigterm``)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(2))
+
+
+def default_sigterm() -> None:
+    """A SIGTERM ends the process as by default: once it has joined the group, or has refused."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def refuse(line: str) -> int:
+    """Print ``line`` once across the launched processes and return exit status 2."""
+    machine = Machine.from_environment()
+    if machine.world_size > 1 and machine.rank != 0:
+        time.sleep(RANK_ZERO_FIRST_S)
+    print(line, file=sys.stderr, flush=True)
+    default_sigterm()
+    return 2
