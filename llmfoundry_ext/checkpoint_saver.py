@@ -2,6 +2,7 @@
 sealed."""
 import errno
 import os
+import shutil
 
 import torch
 from composer.callbacks import CheckpointSaver
@@ -9,7 +10,7 @@ from composer.utils import dist
 from composer.utils.checkpoint import get_save_filename
 
 from llmfoundry_ext.errors import TrainingStopped
-from llmfoundry_ext.resumption import seal
+from llmfoundry_ext.resumption import checkpoints_newest_first, prune, remove, seal
 
 
 class SealedCheckpointSaver(CheckpointSaver):
@@ -24,15 +25,45 @@ class SealedCheckpointSaver(CheckpointSaver):
         except BaseException as error:  # torch.distributed.checkpoint's CheckpointException is a BaseException
             if not is_disk_full(error):
                 raise
-            raise TrainingStopped(f'no space left on the device while writing checkpoint {name}: free space, then run '
-                                  f'the same command; it resumes from the newest complete checkpoint') from None
+            raise TrainingStopped(disk_full_line(name, state.fsdp_sharded_state_dict_enabled)) from None
         if dist.get_global_rank() == 0:
             seal(name)
+            for line in prune(os.path.dirname(name), state.fsdp_sharded_state_dict_enabled,
+                              self.num_checkpoints_to_keep):
+                print(line, flush=True)  # what a run before the restart saved, which Composer does not count
 
     def checkpoint_path(self, state) -> str:
         """The folder (sharded) or file this save writes, as Composer names it."""
         saved = get_save_filename(state, self.filename.format(state, keep_placeholders=True))
         return os.path.dirname(saved) if state.fsdp_sharded_state_dict_enabled else saved
+
+
+def disk_full_line(name: str, sharded: bool) -> str:
+    """The partial checkpoint removed (rank 0; the ranks' writes have all failed), and what to free, measured on the
+    newest complete checkpoint."""
+    folder = os.path.dirname(name)
+    if dist.get_global_rank() == 0 and os.path.lexists(name):
+        remove(name)
+    newest = next(iter(checkpoints_newest_first(folder, sharded)), None)
+    needed = f', a checkpoint takes {human_bytes(size_of(os.path.join(folder, newest)))}' if newest else ''
+    free = human_bytes(shutil.disk_usage(folder).free)
+    return (f'no space left on the device while writing checkpoint {name} ({free} free in {folder}{needed}; the '
+            f'partial checkpoint was removed): free space, then run the same command; it resumes from the newest '
+            f'complete checkpoint')
+
+
+def size_of(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def human_bytes(count: int) -> str:
+    for unit in ('B', 'KB', 'MB', 'GB'):
+        if count < 1000:
+            return f'{count:.3g} {unit}'
+        count /= 1000
+    return f'{count:,.1f} TB'
 
 
 def is_disk_full(error: BaseException) -> bool:

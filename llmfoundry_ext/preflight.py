@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from omegaconf import OmegaConf
 
-from llmfoundry_ext import registry
+from llmfoundry_ext import registry, run_lock
 from llmfoundry_ext.cli import unwritable_reason
 from llmfoundry_ext.config import LoaderConfig, ModelConfig, TrainConfig, first_line, load
 from llmfoundry_ext.data.mds import file_sha256, read_manifest
@@ -271,16 +271,17 @@ def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
 
 
 def shard_problem(folder: str, shards: list[dict]) -> Optional[str]:
-    """A shard file that is missing or not the size its index gives (compressed, or already decompressed)."""
+    """A shard file that is missing, or one of its files (compressed, or already decompressed beside it: streaming
+    reads that one) not the size its index gives."""
     for shard in shards:
         forms = [shard[kind] for kind in ('zip_data', 'raw_data') if shard.get(kind)]
         present = [form for form in forms if os.path.isfile(os.path.join(folder, form['basename']))]
         if not present:
             return f"shard {forms[0]['basename']} is missing"
-        form = present[0]
-        size = os.path.getsize(os.path.join(folder, form['basename']))
-        if size != form['bytes']:
-            return f"shard {form['basename']} has {size:,} bytes where its index says {form['bytes']:,}"
+        for form in present:
+            size = os.path.getsize(os.path.join(folder, form['basename']))
+            if size != form['bytes']:
+                return f"shard {form['basename']} has {size:,} bytes where its index says {form['bytes']:,}"
     return None
 
 
@@ -290,6 +291,7 @@ def check_checkpoint_paths(config: TrainConfig, sharded: bool) -> None:
     folder, load_path = config.checkpoint_folder, config.checkpoint.load_path
     if folder and (reason := unwritable_reason(folder)):
         raise ConfigError(f'checkpoint.save_folder: {reason}; choose a folder you can write')
+    run_lock.check_free(folder, global_rank())
     if not load_path or '://' in load_path:
         return
     if not os.path.exists(load_path):

@@ -28,11 +28,12 @@ def default_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def refuse(line: str) -> int:
-    """Print ``line`` once across the launched processes and return exit status 2."""
+def refuse(line: str, status: int = 2) -> int:
+    """Print ``line`` once across the launched processes and return ``status`` (2: a bad input; 1: a run that
+    stopped, which only training could see, on whichever ranks saw it)."""
     machine = Machine.from_environment()
     if machine.world_size > 1 and machine.rank != 0:
         time.sleep(RANK_ZERO_FIRST_S)
     print(line, file=sys.stderr, flush=True)
     default_sigterm()
-    return 2
+    return status

@@ -19,6 +19,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import zipfile
 
 import torch
@@ -120,10 +121,12 @@ def is_sharded(name: str) -> bool:
     return not name.endswith('-rank0.pt')
 
 
-def prepare_autoresume(folder: str, sharded: bool) -> list[str]:
+def prepare_autoresume(folder: str, sharded: bool, keep: int = -1) -> list[str]:
     """Point ``folder/latest-rank0.pt`` at the newest complete checkpoint, moving newer broken ones aside, and
-    converting it first where it is not of the format this run reads (``sharded``: a folder, else one file); returns
-    one line per checkpoint moved or converted. Raises TrainingStopped if none is complete but one was once (sealed,
+    converting it first where it is not of the format this run reads (``sharded``: a folder, else one file); with
+    ``keep`` > 0 (``save_num_checkpoints_to_keep``), older checkpoints beyond it and all but the newest set-aside one
+    removed (Composer counts only what its own run saved); returns one line per checkpoint moved, converted, or per
+    pruning. Raises TrainingStopped if none is complete but one was once (sealed,
     or its metadata written) and has since been damaged: starting from scratch would silently throw the run away."""
     if not os.path.isdir(folder):
         return []
@@ -146,7 +149,39 @@ def prepare_autoresume(folder: str, sharded: bool) -> list[str]:
         target = converted
     if target:
         point_latest_at(folder, target)
-    return lines
+    return lines + prune(folder, sharded, keep)
+
+
+BROKEN_NAME = re.compile(r'^ep\d+-ba(\d+)(?:-rank0\.pt)?\.broken(?:-(\d+))?$')
+
+
+def prune(folder: str, sharded: bool, keep: int) -> list[str]:
+    """The ``keep`` newest complete checkpoints (both formats of a batch count as one) and the newest set-aside
+    ``.broken`` one kept, the rest removed with their seals; one line saying what went, or none."""
+    if keep <= 0:
+        return []
+    names = checkpoints_newest_first(folder, sharded)
+    complete = [name for name in names if problem(os.path.join(folder, name)) is None]
+    batches = sorted({int(CHECKPOINT_NAME.match(name)[1]) for name in complete}, reverse=True)[:keep]
+    old = [name for name in complete if int(CHECKPOINT_NAME.match(name)[1]) not in batches]
+    broken = sorted((name for name in os.listdir(folder) if BROKEN_NAME.match(name)),
+                    key=lambda name: (int(BROKEN_NAME.match(name)[1]), int(BROKEN_NAME.match(name)[2] or 1)))
+    for name in old + broken[:-1]:
+        remove(os.path.join(folder, name))
+    if not old and len(broken) < 2:
+        return []
+    return [f'autoresume: removed {len(old)} checkpoints beyond checkpoint.save_num_checkpoints_to_keep ({keep}) and '
+            f'{max(len(broken) - 1, 0)} older set-aside ones' + (f'; kept {broken[-1]} to inspect' if broken else '')]
+
+
+def remove(path: str) -> None:
+    """A checkpoint (a folder, its seal inside; or a file and its seal beside it)."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+        return
+    os.remove(path)
+    if os.path.isfile(seal_path(path)):
+        os.remove(seal_path(path))
 
 
 def convert(folder: str, name: str, sharded: bool) -> str:

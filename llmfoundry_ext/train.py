@@ -21,6 +21,7 @@ from llmfoundry_ext.parallelism import describe_checkpointing
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.refusal import default_sigterm, exit_2_on_sigterm, refuse
 from llmfoundry_ext.resumption import prepare_autoresume
+from llmfoundry_ext.run_lock import end_with_the_launcher, holding
 
 DIST_TIMEOUT_SECONDS = 300.0
 USAGE = 'usage: composer train.py <run.yaml> [key=value ...]   (or: python train.py ... for one process)'
@@ -31,17 +32,19 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] in ('-h', '--help'):
         print(USAGE, file=sys.stderr)
         return 2
+    end_with_the_launcher()
     exit_2_on_sigterm()
     try:
         run = prepare(argv[0], argv[1:])
     except ConfigError as error:
         return refuse(f'config error: {error}')
     try:
-        train(run)
+        with holding(run.config.checkpoint_folder if global_rank() == 0 else None):
+            train(run)
+    except ConfigError as error:
+        return refuse(f'config error: {error}')
     except TrainingStopped as stop:
-        if global_rank() == 0:
-            print(f'error: {stop}', file=sys.stderr)
-        return 1
+        return refuse(f'error: {stop}', status=1)
     return 0
 
 
@@ -78,7 +81,8 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
         if removed:
             print(f"removed streaming shared memory left by earlier runs: prefixes {', '.join(removed)}", flush=True)
     if config.checkpoint.autoresume and config.checkpoint_folder:
-        prepare_autoresume_on_rank_zero(config.checkpoint_folder, run.plan.sharded_checkpoints)
+        prepare_autoresume_on_rank_zero(config.checkpoint_folder, run.plan.sharded_checkpoints,
+                                        config.checkpoint.save_num_checkpoints_to_keep)
     dist.barrier()
     trainer = build_trainer(run, device, extra_callbacks, model)
     complete = trainer.state.get_elapsed_duration() >= 1
@@ -99,12 +103,12 @@ def build_and_fit(run: Run, device, extra_callbacks: list, model):
     return trainer
 
 
-def prepare_autoresume_on_rank_zero(folder: str, sharded: bool) -> None:
+def prepare_autoresume_on_rank_zero(folder: str, sharded: bool, keep: int) -> None:
     """``prepare_autoresume`` on global rank 0, which prints its lines; every rank raises its error, if any."""
     outcome = [None]
     if dist.get_global_rank() == 0:
         try:
-            for line in prepare_autoresume(folder, sharded):
+            for line in prepare_autoresume(folder, sharded, keep):
                 print(line, flush=True)
         except TrainingStopped as stop:
             outcome = [str(stop)]

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -81,6 +82,15 @@ def truncate(path: str) -> None:
 def shard(folder: str) -> str:
     with open(os.path.join(folder, 'index.json')) as file:
         return os.path.join(folder, json.load(file)['shards'][0]['zip_data']['basename'])
+
+
+def truncated_decompressed_shard(folder: str) -> None:
+    """The first shard decompressed beside its .zstd, as streaming leaves it once read, then cut in half."""
+    from streaming.base.compression import decompress
+    with open(shard(folder), 'rb') as file:
+        raw = decompress('zstd', file.read())
+    with open(shard(folder).removesuffix('.zstd'), 'wb') as file:
+        file.write(raw[:len(raw) // 2])
 
 
 def remove_shard(folder: str) -> None:
@@ -170,6 +180,11 @@ CASES = {
             w, t, 'stream', lambda f: truncate(shard(f)))],
         'config error: data.train.streams.a.local: shard shard.00000.mds.zstd has {truncated} bytes where its index '
         'says {size}; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
+    'train: truncated decompressed MDS shard': (
+        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
+            w, t, 'stream', truncated_decompressed_shard)],
+        'config error: data.train.streams.a.local: shard shard.00000.mds has {raw_half} bytes where its index says '
+        '{raw_size}; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
     'train: missing MDS shard': (
         'train', lambda w, t: [w['yaml'], f"data.train.streams.a.local={variant(w, t, 'stream', remove_shard)}"],
         'config error: data.train.streams.a.local: shard shard.00000.mds.zstd is missing; re-convert the stream with '
@@ -399,7 +414,9 @@ def tree_digest(folder: str) -> dict[str, str]:
 def placeholders(world, tmp_path) -> dict:
     stream_shard, checkpoint = shard(world['stream']), f"{world['run']}/ep0-ba2-rank0.pt"
     lines = open(world['yaml']).read().splitlines()
-    return {**world, 'dim_line': next(i for i, line in enumerate(lines, 1) if line.strip().startswith('dim:')),
+    with open(os.path.join(world['stream'], 'index.json')) as file:
+        raw_bytes = json.load(file)['shards'][0]['raw_data']['bytes']
+    return {**world, 'raw_size': f'{raw_bytes:,}', 'raw_half': f'{raw_bytes // 2:,}', 'dim_line': next(i for i, line in enumerate(lines, 1) if line.strip().startswith('dim:')),
             'last_line': len(lines) + 1, 'library_says': library_says(f'{tmp_path}/tokenizer/tokenizer.json'),
             'checkpoint': f'{os.path.getsize(checkpoint):,}',
             'truncated_checkpoint': f'{os.path.getsize(checkpoint) // 2:,}', 'tmp': str(tmp_path),
@@ -453,3 +470,34 @@ def test_under_the_launcher_a_bad_input_is_printed_once_and_exits_2(world):
         assert [line for line in output if 'seed' in line] == [
             'config error: seed: -1 is out of range; give a whole number from 0 to 4,294,967,295']
         assert not [line for line in output if 'Traceback' in line]
+
+
+def zeroed_compressed_shard(folder: str) -> None:
+    """The first shard's middle third zeroed, its size unchanged (the index's check passes); not yet decompressed."""
+    remove_shard_forms = shard(folder).removesuffix('.zstd')
+    if os.path.exists(remove_shard_forms):
+        os.remove(remove_shard_forms)
+    size = os.path.getsize(shard(folder))
+    with open(shard(folder), 'r+b') as file:
+        file.seek(size // 3)
+        file.write(bytes(size // 3))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('processes', [1, 2])
+def test_a_corrupt_shard_found_in_training_stops_the_run_in_one_line_naming_it(world, tmp_path, processes):
+    """Streaming ended the epoch early (a "complete" run of 0 batches, with a checkpoint) or waited for ever."""
+    stream = variant(world, tmp_path, 'stream', zeroed_compressed_shard)
+    launcher = [*LAUNCHER, '-n', '2'] if processes == 2 else [sys.executable]
+    for attempt in range(3):  # the failure lands in streaming's threads at different moments
+        folder = tmp_path / f'run{attempt}'
+        result = subprocess.run([*launcher, os.path.join(REPO, 'train.py'), world['yaml'], 'max_duration=1ep',
+                                 f'data.train.streams.a.local={stream}', f'checkpoint.save_folder={folder}'],
+                                capture_output=True, text=True, timeout=120)
+        errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith('error')]
+        assert result.returncode == 1
+        assert errors == [f'error: shard {shard(stream)} cannot be read (Error: Decompression error: Data corruption '
+                          f'detected); re-convert its stream with data_prep/convert_to_mds.py (or restore the file), '
+                          f'then run the same command: it resumes from the last checkpoint']
+        assert not [name for name in os.listdir(folder) if name.startswith('ep')]  # no checkpoint of 0 batches

@@ -145,6 +145,22 @@ def test_a_sharded_checkpoint_is_converted_for_one_process_once_and_holds_the_sa
     assert prepare_autoresume(folder, sharded=False) == [] and os.readlink(f'{folder}/{LATEST}') == 'ep0-ba10-rank0.pt'
 
 
+def test_checkpoints_beyond_the_number_to_keep_are_pruned_across_restarts_and_the_newest_set_aside_kept(tmp_path):
+    """Composer counts only what its own run saved; a folder restarted many times kept every earlier run's."""
+    folder = str(tmp_path)
+    for batch in (2, 4, 6, 8, 10):
+        torch.save({'batch': batch}, f'{folder}/ep0-ba{batch}-rank0.pt')
+        seal(f'{folder}/ep0-ba{batch}-rank0.pt')
+    for name in ('ep0-ba12-rank0.pt.broken', 'ep0-ba12-rank0.pt.broken-2', 'ep0-ba14-rank0.pt.broken'):
+        open(f'{folder}/{name}', 'wb').close()
+    assert prepare_autoresume(folder, sharded=False, keep=2) == [
+        'autoresume: removed 3 checkpoints beyond checkpoint.save_num_checkpoints_to_keep (2) and 2 older set-aside '
+        'ones; kept ep0-ba14-rank0.pt.broken to inspect']
+    assert sorted(os.listdir(folder)) == [f'.ep0-ba10-rank0.pt{SEAL}', f'.ep0-ba8-rank0.pt{SEAL}', 'ep0-ba10-rank0.pt',
+                                          'ep0-ba14-rank0.pt.broken', 'ep0-ba8-rank0.pt', LATEST]
+    assert prepare_autoresume(folder, sharded=False, keep=2) == []  # nothing more to remove
+
+
 def test_with_no_complete_checkpoint_left_the_run_stops_and_moves_nothing(two_rank_run, tmp_path):
     folder = copy_of(two_rank_run, tmp_path)
     flip_a_byte(f'{folder}/ep0-ba10/.metadata')
@@ -225,6 +241,54 @@ def disk_full_for(marker: str):
         FileSystem.create_stream = original
 
 
+def disk_full_line(folder, name: str) -> str:
+    """The line, its sizes read as the saver reads them (the newest checkpoint left, the free space now)."""
+    from llmfoundry_ext.checkpoint_saver import human_bytes, size_of
+    newest = max((entry for entry in os.listdir(folder) if entry.startswith('ep0-ba')),
+                 key=lambda entry: int(entry.split('-ba')[1].split('-')[0]))
+    return (f'error: no space left on the device while writing checkpoint {folder}/{name} '
+            f'({human_bytes(shutil.disk_usage(folder).free)} free in {folder}, a checkpoint takes '
+            f'{human_bytes(size_of(os.path.join(folder, newest)))}; the partial checkpoint was removed): free space, '
+            f'then run the same command; it resumes from the newest complete checkpoint')
+
+
+@contextlib.contextmanager
+def disk_full_saving(marker: str):
+    """torch.save into a path containing ``marker`` writes 1,000 bytes, then fails with ENOSPC (a full disk)."""
+    original = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if marker in str(getattr(f, 'name', f)):  # a path, or the file Composer opened
+            with open(f, 'wb') if isinstance(f, (str, os.PathLike)) else contextlib.nullcontext(f) as file:
+                file.write(bytes(1000))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return original(obj, f, *args, **kwargs)
+
+    torch.save = save
+    try:
+        yield
+    finally:
+        torch.save = original
+
+
+def test_a_full_disk_writing_one_file_leaves_nothing_under_its_name(tiny_config, tmp_path, capsys):
+    tiny_config.update(max_duration='8ba', loggers={})
+    tiny_config['checkpoint']['save_interval'] = '2ba'
+    tiny_config['parallelism'] = {'fsdp': None}
+    path = write_yaml(tiny_config, tmp_path / 'run.yaml')
+    folder = tmp_path / 'checkpoints' / 'tiny'
+    with disk_full_saving('ep0-ba6-rank0.pt'):
+        assert main([path, 'max_duration=4ba']) == 0
+        capsys.readouterr()
+        assert main([path]) == 1
+    stderr = capsys.readouterr().err
+    assert [line for line in stderr.splitlines() if line.startswith('error')] == [
+        disk_full_line(folder, 'ep0-ba6-rank0.pt')]
+    assert not os.path.exists(folder / 'ep0-ba6-rank0.pt')
+    assert main([path]) == 0
+    assert 'autoresume: resuming from the latest checkpoint at batch 4' in capsys.readouterr().out
+
+
 def test_a_full_disk_while_checkpointing_is_one_line_and_the_rerun_resumes(tiny_config, tmp_path, capsys,
                                                                            fsdp_on_one_process):
     tiny_config.update(max_duration='8ba', loggers={})
@@ -237,14 +301,10 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_rerun_resumes(tiny_
         capsys.readouterr()
         assert main([path]) == 1
     stderr = capsys.readouterr().err  # Composer's console log is there too
-    assert [line for line in stderr.splitlines() if line.startswith('error')] == [
-        f'error: no space left on the device while writing checkpoint {folder}/ep0-ba6: free space, then run the same '
-        f'command; it resumes from the newest complete checkpoint']
-    assert 'Traceback' not in stderr
+    assert [line for line in stderr.splitlines() if line.startswith('error')] == [disk_full_line(folder, 'ep0-ba6')]
+    assert 'Traceback' not in stderr and not os.path.exists(folder / 'ep0-ba6')
     assert {name: file_sha256(folder / 'ep0-ba4' / name) for name in os.listdir(folder / 'ep0-ba4')} == before
     assert main([path]) == 0
     out = capsys.readouterr().out
-    assert ('autoresume: skipped checkpoint ep0-ba6 (no .metadata: its write was interrupted); moved it to '
-            'ep0-ba6.broken, resuming from ep0-ba4') in out
     assert 'autoresume: resuming from the latest checkpoint at batch 4' in out
     assert os.readlink(folder / LATEST) == 'ep0-ba8'

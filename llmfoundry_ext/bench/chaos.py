@@ -23,7 +23,7 @@ from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.launch import LAUNCHER
 
-BATCHES, SAVE_EVERY, RANKS = 24, 3, 2
+BATCHES, SAVE_EVERY, RANKS, KEEP = 24, 3, 2, 2  # KEEP: save_num_checkpoints_to_keep
 SLOW_WRITES = '''
 import os, sys, time
 _delay = float(os.environ.get('CHAOS_WRITE_DELAY', '0'))
@@ -47,11 +47,13 @@ class Trial:
     resumed_from_batch: int
     skipped: str  # the broken checkpoint the re-run moved aside, or ''
     identical: bool  # every rank's losses and sample ids of every batch equal the uninterrupted run's
+    checkpoints_left: int  # checkpoints in the folder at the end, set-aside ones included (at most KEEP + 1)
 
 
-def run_yaml(folder: str, streams: dict[str, str]) -> str:
+def run_yaml(folder: str, streams: dict[str, str], keep: int = -1) -> str:
     """A tiny Llama (untied, so the embeddings and output layer are FSDP2 units of their own), FSDP2 over 2 ranks with
-    selective activation checkpointing, sharded checkpoints every SAVE_EVERY batches, the sample ledger on."""
+    selective activation checkpointing, sharded checkpoints every SAVE_EVERY batches (the ``keep`` newest; -1: all),
+    the sample ledger on."""
     import yaml
     config = {
         'run_name': 'chaos', 'max_seq_len': 32, 'global_batch_size': 8, 'max_duration': f'{BATCHES}ba',
@@ -62,7 +64,7 @@ def run_yaml(folder: str, streams: dict[str, str]) -> str:
                            'shuffle_seed': 3}},
         'parallelism': {'fsdp': {'state_dict_type': 'sharded', 'activation_checkpointing': 'selective'}},
         'checkpoint': {'save_folder': os.path.join(folder, '{run_name}', 'checkpoints'),
-                       'save_interval': f'{SAVE_EVERY}ba'},
+                       'save_interval': f'{SAVE_EVERY}ba', 'save_num_checkpoints_to_keep': keep},
         'callbacks': {'sample_ledger': {'folder': os.path.join(folder, '{run_name}', 'ledger')}},
     }
     path = os.path.join(folder, 'chaos.yaml')
@@ -172,13 +174,15 @@ def trial(runner: Runner, number: int, expected, rng: random.Random) -> Trial:
     aimed_inside = number % 2 == 1
     killed_after, inside = kill(runner, name, aimed_inside, rng)
     runner.finish(name)
+    checkpoints = runner.checkpoints(name)
+    left = sum(bool(re.match(r'ep\d+-ba\d+', entry)) for entry in os.listdir(checkpoints))
     return Trial(number, aimed_inside, killed_after, inside, *resumption(runner.log(name)),
-                 identical(runner.ledgers(name), expected))
+                 identical(runner.ledgers(name), expected), left)
 
 
 def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -> list[Trial]:
     """The uninterrupted run, then ``trials`` killed and resumed ones, each reported as it ends."""
-    runner = Runner(folder, run_yaml(folder, write_streams(folder)), write_delay)
+    runner = Runner(folder, run_yaml(folder, write_streams(folder), KEEP), write_delay)
     runner.finish('uninterrupted', attempts=1)
     expected = runner.ledgers('uninterrupted')
     rng = random.Random(seed)
@@ -190,13 +194,14 @@ def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -
 
 
 HEADER = f"{'trial':>5} {'aimed at':>14} {'killed after':>12} {'inside write of':>15} {'resumed from':>12} " \
-         f"{'moved aside':>12} {'identical':>9}"
+         f"{'moved aside':>12} {'identical':>9} {'checkpoints left':>16}"
 
 
 def format_row(t: Trial) -> str:
     aimed = 'a write' if t.aimed_inside_write else 'a batch'
     return (f"{t.number:>5} {aimed:>14} {f'batch {t.killed_after_batch}':>12} {t.killed_inside_write or '-':>15} "
-            f"{f'batch {t.resumed_from_batch}':>12} {t.skipped or '-':>12} {'yes' if t.identical else 'NO':>9}")
+            f"{f'batch {t.resumed_from_batch}':>12} {t.skipped or '-':>12} {'yes' if t.identical else 'NO':>9} "
+            f"{t.checkpoints_left:>16}")
 
 
 def write_json(results: list[Trial], path: str) -> None:
@@ -213,8 +218,10 @@ def trials_command(args) -> int:
                       report=lambda row: print(row, flush=True))
     same = sum(result.identical for result in results)
     inside = sum(bool(result.killed_inside_write) for result in results)
+    most = max((result.checkpoints_left for result in results), default=0)
     print(f'{same} of {len(results)} resumed runs identical to the uninterrupted one; {inside} kills inside a '
-          f'checkpoint write')
+          f'checkpoint write; at most {most} checkpoints left in a folder (save_num_checkpoints_to_keep {KEEP}, and '
+          f'one set aside)')
     if args.json:
         write_json(results, args.json)
-    return 0 if same == len(results) else 1
+    return 0 if same == len(results) and most <= KEEP + 1 else 1

@@ -3,28 +3,65 @@
 The StreamingDataLoader's position is saved in every Composer checkpoint and restored on autoresume,
 so the sample order after a restart equals the uninterrupted run's.
 """
+import os
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from composer.core import DataSpec
 from streaming import Stream, StreamingDataLoader, StreamingDataset
+from streaming.base.dataset import _ShardState  # the shard states prepare_shard moves through
 
-from llmfoundry_ext.config import LoaderConfig
+from llmfoundry_ext.config import LoaderConfig, first_line
 from llmfoundry_ext.data.collate import Collator
 from llmfoundry_ext.data.mds import TOKENS
 from llmfoundry_ext.data.shm_prefix import use_race_free_prefixes
+from llmfoundry_ext.errors import TrainingStopped
 
 if TYPE_CHECKING:
     from llmfoundry_ext.parallelism import ContextParallel
 
 
 class TokenWindows(StreamingDataset):
-    """Samples of an MDS ``tokens`` column (uint32), as int64 tensors with their global sample index."""
+    """Samples of an MDS ``tokens`` column (uint32), as int64 tensors with their global sample index.
+
+    A shard that cannot be prepared (a compressed shard whose bytes were damaged: zstd finds the corruption) stops
+    the run in one line naming it. Streaming prepares shards in a background thread; when one fails it ends the
+    epoch early without an error, and the run would then be "complete" with the batches it had (none, in the first
+    epoch), or wait for the shard for ever. The failure is kept here and raised once the epoch's iteration ends."""
+    failure = None  # the TrainingStopped of a shard that could not be prepared
 
     def __getitem__(self, index: int) -> dict:
         tokens = super().__getitem__(index)[TOKENS]
         return {'tokens': torch.from_numpy(tokens.astype(np.int64)), 'sample_id': index}
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        if self.failure is not None and threading.current_thread() is threading.main_thread():
+            raise self.failure
+        try:
+            super().prepare_shard(shard_id, blocking)
+        except Exception as error:
+            self.failure = TrainingStopped(unreadable_shard_line(self.shards[shard_id], error))
+            # Out of PREPARING, in which a reader of the shard would wait for it for ever: the next one to prepare
+            # it (the main thread, whose sample it is) fails as this thread did, and stops the run
+            self._shard_states[shard_id] = _ShardState.REMOTE
+            self._event.set()  # the other threads stop; __iter__ raises the failure
+            if threading.current_thread() is threading.main_thread():
+                raise self.failure from None
+
+    def __iter__(self):
+        yield from super().__iter__()
+        if self.failure is not None:
+            raise self.failure
+
+
+def unreadable_shard_line(shard, error: Exception) -> str:
+    files = shard.zip_data or shard.raw_data
+    path = os.path.join(shard.dirname, shard.split or '', files.basename)
+    return (f'shard {path} cannot be read ({type(error).__name__}: {first_line(error)}); re-convert its stream with '
+            f'data_prep/convert_to_mds.py (or restore the file), then run the same command: it resumes from the last '
+            f'checkpoint')
 
 
 class HeldOutWindows(TokenWindows):

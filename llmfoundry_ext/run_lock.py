@@ -1,0 +1,126 @@
+"""One run per save folder, and a run's processes end with their launcher.
+
+Two jobs training into one folder interleave their checkpoints, ledgers and ``config.yaml``. Rank 0 holds
+``<save_folder>/run.lock`` (host, PIDs, start) while it trains and refreshes its time every ``HEARTBEAT_S``; a
+second start is refused with one line naming the holder. A lock is stale, and taken over, when its processes are
+gone (same host) or it has not been refreshed for ``STALE_S`` (another host: its PIDs cannot be checked from here).
+Neither Composer nor torchrun has such a lock (torchtitan and llm-foundry neither).
+
+Composer's launcher does not take its ranks with it when it is killed (``kill -9``); each rank asks the kernel for a
+SIGTERM when its parent dies (``PR_SET_PDEATHSIG``, Linux).
+"""
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+from llmfoundry_ext.atomic import write_atomically
+from llmfoundry_ext.errors import ConfigError
+
+LOCK_NAME = 'run.lock'
+HEARTBEAT_S = 30.0
+STALE_S = 120.0
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_the_launcher() -> None:
+    """A SIGTERM to this process when its parent (the launcher) dies; nothing where prctl is not (macOS)."""
+    if launcher_pid() is None:
+        return  # not launched: the parent is the user's shell
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() == 1:  # the launcher died before the call
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def holding(folder: str | None):
+    """The folder's lock held inside (nothing without a folder)."""
+    if folder is None:
+        yield
+        return
+    path = os.path.join(folder, LOCK_NAME)
+    take(path)
+    stop = threading.Event()
+    beat = threading.Thread(target=heartbeat, args=(path, stop), daemon=True, name='run-lock-heartbeat')
+    beat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(OSError, ValueError):
+            if read(path).get('pid') == os.getpid():
+                os.remove(path)
+
+
+def check_free(folder: str | None, rank: int) -> None:
+    """Preflight, every rank: refused (one line) if a live run holds the folder. A rank on another host than the
+    holder's cannot check its PIDs and leaves the verdict to rank 0 (``take``)."""
+    path = os.path.join(folder or '', LOCK_NAME)
+    if folder is None or not os.path.exists(path):
+        return
+    holder = read(path)
+    if rank == 0 or holder.get('host') == socket.gethostname():
+        refuse_if_held(path, holder)
+
+
+def refuse_if_held(path: str, holder: dict) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if alive(holder, os.path.getmtime(path)):
+            raise ConfigError(f"checkpoint.save_folder: {os.path.dirname(path)} is in use by another run (host "
+                              f"{holder.get('host')}, PID {holder.get('pid')}, since {holder.get('started')}); wait "
+                              f"for it to end, stop it, or give a new checkpoint.save_folder (a lock whose run is "
+                              f"gone is taken over: {path})")
+
+
+def take(path: str) -> None:
+    """The lock written as ours, unless a live holder has it (one line naming it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        refuse_if_held(path, read(path))
+    mine = {'host': socket.gethostname(), 'pid': os.getpid(), 'launcher_pid': launcher_pid(),
+            'started': time.strftime('%Y-%m-%d %H:%M:%S')}
+    write_atomically(path, json.dumps(mine))
+
+
+def read(path: str) -> dict:
+    try:
+        with open(path) as file:
+            return json.load(file)
+    except (OSError, ValueError):
+        return {}  # unreadable: a torn write of a crashed run, stale once old
+
+
+def alive(holder: dict, refreshed: float) -> bool:
+    """Whether the holder may still be training: its PID running (this host), or its lock refreshed lately."""
+    if time.time() - refreshed > STALE_S:
+        return False
+    if holder.get('host') != socket.gethostname():
+        return True
+    pid = holder.get('pid')
+    if not isinstance(pid, int) or pid == os.getpid():
+        return False
+    if holder.get('launcher_pid') is not None and holder.get('launcher_pid') == launcher_pid():
+        return False  # rank 0 of this job (the same launcher) took it first
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def launcher_pid() -> int | None:
+    """The launcher's PID where this process was launched (the parent of every rank on the host), else None."""
+    return os.getppid() if os.environ.get('WORLD_SIZE') is not None else None
+
+
+def heartbeat(path: str, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        with contextlib.suppress(OSError):
+            os.utime(path)
