@@ -2,7 +2,7 @@
 import os
 import shutil
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 @contextmanager
@@ -23,3 +23,19 @@ def write_atomically(path: str, text: str) -> None:
     with open(temporary, 'w') as file:
         file.write(text)
     os.replace(temporary, path)
+
+
+@contextmanager
+def atomic_file(path: str, mode: str = 'wb'):
+    """Yield ``<path>.<id>.partial`` open for writing; flushed, fsynced and renamed to ``path`` once the block
+    completes, removed if it fails (a full disk leaves nothing under either name)."""
+    temporary = f'{path}.{uuid.uuid4().hex}.partial'
+    try:
+        with open(temporary, mode) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.remove(temporary)

@@ -7,10 +7,28 @@ import shutil
 import torch
 from composer.callbacks import CheckpointSaver
 from composer.utils import dist
+from composer.utils import checkpoint as composer_checkpoint
 from composer.utils.checkpoint import get_save_filename
+from composer.utils.compression import is_compressed_pt
+from composer.utils.file_helpers import is_tar
 
+from llmfoundry_ext.atomic import atomic_file
 from llmfoundry_ext.errors import TrainingStopped
 from llmfoundry_ext.resumption import checkpoints_newest_first, prune, remove, seal
+
+
+def write_checkpoint_file_atomically(state_dict: dict, filename: str) -> None:
+    """Composer's ``_write_checkpoint_file`` for a plain ``.pt`` (the one-process checkpoint) through ``atomic_file``:
+    Composer writes it under its final name, where a reader (an export, an evaluation, autoresume after a crash)
+    could find it half-written. Its other forms (tar, compressed) go to Composer's own writer."""
+    if is_tar(filename) or is_compressed_pt(filename):
+        return COMPOSER_WRITE_CHECKPOINT_FILE(state_dict, filename)
+    with atomic_file(filename) as file:
+        torch.save(state_dict, file)
+
+
+COMPOSER_WRITE_CHECKPOINT_FILE = composer_checkpoint._write_checkpoint_file
+composer_checkpoint._write_checkpoint_file = write_checkpoint_file_atomically
 
 
 class SealedCheckpointSaver(CheckpointSaver):
