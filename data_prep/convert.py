@@ -14,7 +14,9 @@ import itertools
 import json
 import multiprocessing
 import os
+import socket
 import time
+import urllib.parse
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import ExitStack
@@ -262,12 +264,7 @@ def resolve_tokenizer(name_or_path: str, out: str) -> tuple[str, str | None, str
     file = tokenizer_file(name_or_path)
     if not os.path.isfile(file):
         folder = os.path.join(out, 'tokenizer')
-        try:
-            from transformers import AutoTokenizer
-            AutoTokenizer.from_pretrained(name_or_path).save_pretrained(folder)
-        except OSError as error:
-            raise SourceError(f'--tokenizer {name_or_path}: neither a tokenizer.json, a folder with one, nor a '
-                              f'reachable HF name ({str(error).splitlines()[0]})') from None
+        hub_tokenizer(name_or_path).save_pretrained(folder)
         file = os.path.join(folder, 'tokenizer.json')
     special = {}
     config = os.path.join(folder, 'tokenizer_config.json')
@@ -276,3 +273,34 @@ def resolve_tokenizer(name_or_path: str, out: str) -> tuple[str, str | None, str
             special = json.load(handle)
     token = lambda value: value.get('content') if isinstance(value, dict) else value
     return file, token(special.get('eos_token')), token(special.get('bos_token'))
+
+
+def hub_tokenizer(name: str):
+    """An HF hub tokenizer by name: from the local cache, else from the hub once it answers. Offline, transformers
+    retries for about a minute before it gives up; one connection attempt says so in seconds."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except OSError:
+        pass
+    endpoint = os.environ.get('HF_ENDPOINT', 'https://huggingface.co')
+    if reason := unreachable(endpoint):
+        raise SourceError(f'--tokenizer {name}: neither a tokenizer.json, a folder with one, nor in the HF cache, and '
+                          f'{endpoint} is unreachable ({reason}); download it where there is a network '
+                          f'(huggingface-cli download {name} --include "tokenizer*") and pass its folder')
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as error:
+        raise SourceError(f'--tokenizer {name}: neither a tokenizer.json, a folder with one, nor a reachable HF name '
+                          f'({str(error).splitlines()[0]})') from None
+
+
+def unreachable(endpoint: str, timeout_s: float = 5.0) -> str | None:
+    """Why a TCP connection to ``endpoint``'s host cannot be made, or None."""
+    parsed = urllib.parse.urlparse(endpoint)
+    port = parsed.port or (443 if parsed.scheme == 'https' else 80)
+    try:
+        socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
+    except OSError as error:
+        return error.strerror or str(error) or type(error).__name__
+    return None

@@ -74,7 +74,7 @@ def build_collator(run: Run) -> Collator:
     config = run.config
     return Collator(max_seq_len=config.max_seq_len, objective=config.objective.name, seed=config.seed,
                     eos_id=run.eos_token_id, mask_probability=config.objective.mask_probability,
-                    mask_token_id=run.mask_token_id)
+                    mask_token_id=run.mask_token_id, vocab_size=run.architecture.vocab_size)
 
 
 def downstream_callbacks(run: Run) -> list:

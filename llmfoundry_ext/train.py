@@ -44,8 +44,15 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         return refuse(f'config error: {error}')
     except TrainingStopped as stop:
-        return refuse(f'error: {stop}', status=1)
+        return refuse(f'error: {stopped_line(stop)}', status=1)
     return 0
+
+
+def stopped_line(stop: TrainingStopped) -> str:
+    """The stop's own line, also where a data-loader worker raised it: PyTorch raises it again in this process with
+    the worker's traceback as its message, whose last line is the original's."""
+    text = str(stop).strip()
+    return text.splitlines()[-1].split('TrainingStopped: ', 1)[-1] if 'Original Traceback' in text else text
 
 
 def train(run: Run, extra_callbacks: list = (), model=None):

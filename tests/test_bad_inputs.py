@@ -363,6 +363,12 @@ CASES = {
                                  w['tokenizer'], '--concat-tokens', '16', '--out', f'{t}/out'],
         'error: {tmp}/x.jsonl: its first line is not UTF-8 JSON (compressed other than by gzip?); give JSON lines, '
         'plain or gzip-compressed', 'converted'),
+    'convert: an HF tokenizer name with the hub unreachable': (
+        'convert', lambda w, t: ['--source', f"jsonl:{w['docs']}", '--tokenizer', 'some-org/some-model',
+                                 '--concat-tokens', '16', '--out', f'{t}/out'],
+        'error: --tokenizer some-org/some-model: neither a tokenizer.json, a folder with one, nor in the HF cache, and '
+        'http://127.0.0.1:9 is unreachable (Connection refused); download it where there is a network '
+        '(huggingface-cli download some-org/some-model --include "tokenizer*") and pass its folder', 'converted'),
     'checkpoint: to-hf of a folder without checkpoints': (
         'checkpoint', lambda w, t: ['to-hf', w['root'] + '/data', f'{t}/out'],
         'error: {root}/data: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or one '
@@ -445,6 +451,7 @@ def test_there_are_thirty_cases_or_more_across_the_three_commands():
 def test_a_bad_input_is_one_line_and_exit_status_2(world, tmp_path, capsys, monkeypatch, name):
     monkeypatch.setenv('AWS_ACCESS_KEY_ID', 'test')  # credentials are not the problem in the S3 case
     monkeypatch.setenv('AWS_SECRET_ACCESS_KEY', 'test')
+    monkeypatch.setenv('HF_ENDPOINT', 'http://127.0.0.1:9')  # the hub, unreachable (nothing listens on port 9)
     command, argv, expected, output = CASES[name]
     before = tree_digest(world[output])
     arguments = argv(world, tmp_path)
@@ -501,3 +508,21 @@ def test_a_corrupt_shard_found_in_training_stops_the_run_in_one_line_naming_it(w
                           f'detected); re-convert its stream with data_prep/convert_to_mds.py (or restore the file), '
                           f'then run the same command: it resumes from the last checkpoint']
         assert not [name for name in os.listdir(folder) if name.startswith('ep')]  # no checkpoint of 0 batches
+
+
+@pytest.mark.parametrize('workers', [0, 1])
+def test_a_token_id_beyond_the_vocabulary_stops_the_run_in_one_line(world, tmp_path, capsys, workers):
+    """Shards whose manifest names no tokenizer, one sample of them from a larger vocabulary: the embedding would
+    fail (an IndexError here, a device-side assert on a GPU). In a loader worker too, whose error PyTorch raises
+    again with the worker's traceback."""
+    windows = [np.full(32, 7, dtype=np.uint32) for _ in range(64)]
+    windows[5][10] = 700
+    folder = str(tmp_path / 'larger-vocabulary')
+    write_mds(folder, windows, {'source': 'test', 'window': 32})
+    capsys.readouterr()
+    assert train_main([world['yaml'], f'data.train.streams.a.local={folder}', 'max_duration=1ep',
+                       f'checkpoint.save_folder={tmp_path}/run', f'data.train.num_workers={workers}']) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error')]
+    assert errors == ['error: sample 5 holds token id 700, beyond model.vocab_size 512: its shards were tokenized '
+                      'with a larger vocabulary; set data.tokenizer to their tokenizer (and model.vocab_size to its '
+                      'size), or re-convert them']

@@ -10,7 +10,21 @@ from typing import Optional
 import numpy as np
 import torch
 
+from llmfoundry_ext.errors import TrainingStopped
+
 IGNORE = -100
+
+
+def check_vocabulary(input_ids: torch.Tensor, sample_ids: torch.Tensor, vocab_size: int) -> None:
+    """Shards tokenized with a larger vocabulary than the model's (no manifest said which tokenizer) would stop the
+    run in the embedding: an IndexError on the CPU, a device-side assert on a GPU. One max over the batch on the
+    CPU, where the collator runs."""
+    largest = int(input_ids.max())
+    if largest >= vocab_size:
+        row = int((input_ids >= vocab_size).any(dim=1).nonzero()[0])
+        raise TrainingStopped(f'sample {int(sample_ids[row])} holds token id {largest:,}, beyond model.vocab_size '
+                              f'{vocab_size:,}: its shards were tokenized with a larger vocabulary; set data.tokenizer '
+                              f'to their tokenizer (and model.vocab_size to its size), or re-convert them')
 
 
 def stack_windows(samples: list[dict], max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,9 +77,12 @@ class Collator:
     mask_probability: float = 0.3
     mask_token_id: Optional[int] = None
     seed: int = 0
+    vocab_size: Optional[int] = None        # set: a token id at or beyond it stops the run (the embedding's bound)
 
     def __call__(self, samples: list[dict]) -> dict:
         input_ids, following, sample_ids = stack_windows(samples, self.max_seq_len)
+        if self.vocab_size is not None:
+            check_vocabulary(input_ids, sample_ids, self.vocab_size)
         batch = {'sample_ids': sample_ids}
         if self.eos_id is not None:
             batch['position_ids'] = document_positions(input_ids, self.eos_id)
