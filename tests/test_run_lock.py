@@ -61,7 +61,10 @@ def test_a_stale_lock_is_taken_over_and_released_at_the_end(tiny_config, tmp_pat
     path, folder = short_run(tiny_config, tmp_path)
     dead = subprocess.Popen([sys.executable, '-c', 'pass'])
     dead.wait()
-    write_lock(folder, dead.pid) if stale == 'pid' else write_lock(folder, os.getpid(), 'another-node', 180.0)
+    if stale == 'pid':
+        write_lock(folder, dead.pid)
+    else:
+        write_lock(folder, os.getpid(), 'another-node', 180.0)
     assert main([path]) == 0
     assert run_lock.LOCK_NAME not in os.listdir(folder) and 'ep0-ba2-rank0.pt' in os.listdir(folder)
 
@@ -73,7 +76,7 @@ def launch(yaml: str, log) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_killing_the_launcher_ends_its_ranks_and_the_rerun_resumes_exactly(tiny_config, tmp_path):
-    tiny_config.update(max_duration='24ba', loggers={})
+    tiny_config.update(max_duration='16ba', loggers={})
     tiny_config['checkpoint']['save_interval'] = '4ba'
     ledgers = {}
     for name in ('whole', 'killed'):
@@ -94,6 +97,6 @@ def test_killing_the_launcher_ends_its_ranks_and_the_rerun_resumes_exactly(tiny_
             assert launcher.wait(timeout=600) == 0
         ledgers[name] = {rank: read_ledger(str(tmp_path / 'ledger' / name / f'ledger-rank{rank}.jsonl'))
                          for rank in range(2)}
-    batches = range(1, 25)
+    batches = range(1, 17)
     assert global_batches(ledgers['killed'], batches) == global_batches(ledgers['whole'], batches)
     assert [ledgers['killed'][0][b]['loss'] for b in batches] == [ledgers['whole'][0][b]['loss'] for b in batches]
