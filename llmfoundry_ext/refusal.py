@@ -1,12 +1,12 @@
 """A bad input refused under Composer's launcher as in one process: its line printed once, exit status 2.
 
-Every rank checks the same input before the process group forms, and Composer's launcher, once one rank has exited,
-stops the others with SIGTERM and exits with the status of the lowest rank that failed. A rank stopped that way
-reports -15, which the shell sees as 241. So, until the process joins the group (``default_sigterm``), a SIGTERM
-ends it with status 2 (``exit_2_on_sigterm``). A rank other than 0 that finds a problem waits ``RANK_ZERO_FIRST_S`` first: rank 0, which
-found it too, prints it and exits, and the launcher stops the waiting rank before it prints. If rank 0 found nothing
-(a node-local problem), the waiting rank prints its line and exits 2; the launcher's SIGTERM then ends rank 0, still
-waiting for the group, with 2 as well.
+Every rank checks the same input before the process group forms. Once one rank has exited, Composer's launcher stops
+the others with SIGTERM and exits with the status of the lowest rank that failed; a rank stopped that way reports
+-15, which the shell sees as 241. So, until the process joins the group (``default_sigterm``), a SIGTERM ends it
+with status 2 (``exit_2_on_sigterm``). A rank other than 0 that finds a problem waits ``RANK_ZERO_FIRST_S`` first:
+rank 0, which found it too, prints it and exits, and the launcher stops the waiting rank before it prints. If rank 0
+found nothing (a node-local problem), the waiting rank prints its line and exits 2; the launcher's SIGTERM then ends
+rank 0, if it is still in Python code, with 2 as well.
 """
 import os
 import signal

@@ -168,6 +168,10 @@ def prune(folder: str, sharded: bool, keep: int) -> list[str]:
                     key=lambda name: (int(BROKEN_NAME.match(name)[1]), int(BROKEN_NAME.match(name)[2] or 1)))
     for name in old + broken[:-1]:
         remove(os.path.join(folder, name))
+    for name in os.listdir(folder):  # the seals of files Composer's own rotation removed
+        sealed = name[1:-len(SEAL)]
+        if name.startswith('.') and name.endswith(SEAL) and not os.path.exists(os.path.join(folder, sealed)):
+            os.remove(os.path.join(folder, name))
     if not old and len(broken) < 2:
         return []
     return [f'autoresume: removed {len(old)} checkpoints beyond checkpoint.save_num_checkpoints_to_keep ({keep}) and '

@@ -446,7 +446,8 @@ def placeholders(world, tmp_path) -> dict:
     lines = open(world['yaml']).read().splitlines()
     with open(os.path.join(world['stream'], 'index.json')) as file:
         raw_bytes = json.load(file)['shards'][0]['raw_data']['bytes']
-    return {**world, 'raw_size': f'{raw_bytes:,}', 'raw_half': f'{raw_bytes // 2:,}', 'dim_line': next(i for i, line in enumerate(lines, 1) if line.strip().startswith('dim:')),
+    return {**world, 'raw_size': f'{raw_bytes:,}', 'raw_half': f'{raw_bytes // 2:,}',
+            'dim_line': next(i for i, line in enumerate(lines, 1) if line.strip().startswith('dim:')),
             'last_line': len(lines) + 1, 'library_says': library_says(f'{tmp_path}/tokenizer/tokenizer.json'),
             'checkpoint': f'{os.path.getsize(checkpoint):,}',
             'truncated_checkpoint': f'{os.path.getsize(checkpoint) // 2:,}', 'tmp': str(tmp_path),

@@ -151,7 +151,8 @@ def test_checkpoints_beyond_the_number_to_keep_are_pruned_across_restarts_and_th
     for batch in (2, 4, 6, 8, 10):
         torch.save({'batch': batch}, f'{folder}/ep0-ba{batch}-rank0.pt')
         seal(f'{folder}/ep0-ba{batch}-rank0.pt')
-    for name in ('ep0-ba12-rank0.pt.broken', 'ep0-ba12-rank0.pt.broken-2', 'ep0-ba14-rank0.pt.broken'):
+    for name in ('ep0-ba12-rank0.pt.broken', 'ep0-ba12-rank0.pt.broken-2', 'ep0-ba14-rank0.pt.broken',
+                 f'.ep0-ba1-rank0.pt{SEAL}'):  # the last: the seal of a file Composer's rotation removed
         open(f'{folder}/{name}', 'wb').close()
     assert prepare_autoresume(folder, sharded=False, keep=2) == [
         'autoresume: removed 3 checkpoints beyond checkpoint.save_num_checkpoints_to_keep (2) and 2 older set-aside '
