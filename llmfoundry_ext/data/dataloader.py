@@ -46,7 +46,8 @@ class TokenWindows(StreamingDataset):
             # Out of PREPARING, in which a reader of the shard would wait for it for ever: the next one to prepare
             # it (the main thread, whose sample it is) fails as this thread did, and stops the run
             self._shard_states[shard_id] = _ShardState.REMOTE
-            self._event.set()  # the other threads stop; __iter__ raises the failure
+            if hasattr(self, '_event'):  # made by the first __iter__
+                self._event.set()  # the other threads stop; __iter__ raises the failure
             if threading.current_thread() is threading.main_thread():
                 raise self.failure from None
 
