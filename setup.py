@@ -13,6 +13,7 @@ install_requires = [
     'tqdm>=4.66',
     'tensorboard>=2.14',               # the default logger
     'boto3',                           # Stack-v2 contents from S3
+    'psutil>=5.8',                     # run_lock: whether a lock's holder still runs (Composer's dependency too)
     'matplotlib>=3.7',                 # scripts/plot_run.py
 ]
 

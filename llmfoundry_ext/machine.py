@@ -67,12 +67,15 @@ def gpu_of_this_machine() -> Optional[GPU]:
 
 @dataclass(frozen=True)
 class Machine:
-    """The run's processes and GPU: ``world_size`` processes, ``local_world_size`` a node, this one ``rank``."""
+    """The run's processes and GPU: ``world_size`` processes, ``local_world_size`` a node, this one ``rank``;
+    ``job``: the launch's rendezvous (``MASTER_ADDR:MASTER_PORT``), the same on every rank of one job, None when no
+    launcher started this process."""
     world_size: int = 1
     local_world_size: int = 1
     rank: int = 0
     node_rank: int = 0
     gpu: Optional[GPU] = None
+    job: Optional[str] = None
 
     @property
     def nodes(self) -> int:
@@ -82,8 +85,11 @@ class Machine:
     def from_environment(cls, gpu: Optional[GPU] = None) -> 'Machine':
         """This process's launch (composer, torchrun, srun), before any process group, and its GPU."""
         world = int(os.environ.get('WORLD_SIZE', '1'))
+        job = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+               if 'MASTER_PORT' in os.environ and 'WORLD_SIZE' in os.environ else None)
         return cls(world_size=world, local_world_size=int(os.environ.get('LOCAL_WORLD_SIZE', str(world))),
-                   rank=int(os.environ.get('RANK', '0')), node_rank=int(os.environ.get('NODE_RANK', '0')), gpu=gpu)
+                   rank=int(os.environ.get('RANK', '0')), node_rank=int(os.environ.get('NODE_RANK', '0')), gpu=gpu,
+                   job=job)
 
     @classmethod
     def described(cls, gpus: int, gpu: GPU, gpus_per_node: int = 8) -> 'Machine':

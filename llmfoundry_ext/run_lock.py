@@ -1,9 +1,10 @@
 """One run per save folder, and a run's processes end with their launcher.
 
 Two jobs training into one folder interleave their checkpoints, ledgers and ``config.yaml``. Rank 0 holds
-``<save_folder>/run.lock`` (host, PIDs, start) while it trains and refreshes its time every ``HEARTBEAT_S``; a
-second start is refused with one line naming the holder. A lock is stale, and taken over, when its processes are
-gone (same host) or it has not been refreshed for ``STALE_S`` (another host: its PIDs cannot be checked from here).
+``<save_folder>/run.lock`` (host, PID, the job's rendezvous, start) while it trains and refreshes its time every
+``HEARTBEAT_S``; a second start is refused with one line naming the holder, while the ranks of the holder's own job
+(the same rendezvous) pass. A lock is stale, and taken over, when its process is gone or a zombie (same host) or it
+has not been refreshed for ``STALE_S`` (another host: its PID cannot be checked from here).
 Neither Composer nor torchrun has such a lock (torchtitan and llm-foundry neither).
 
 Composer's launcher does not take its ranks with it when it is killed (``kill -9``); each rank asks the kernel for a
@@ -18,8 +19,11 @@ import socket
 import threading
 import time
 
+import psutil
+
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.errors import ConfigError
+from llmfoundry_ext.machine import Machine
 
 LOCK_NAME = 'run.lock'
 HEARTBEAT_S = 30.0
@@ -29,7 +33,7 @@ PR_SET_PDEATHSIG = 1
 
 def end_with_the_launcher() -> None:
     """A SIGTERM to this process when its parent (the launcher) dies; nothing where prctl is not (macOS)."""
-    if launcher_pid() is None:
+    if Machine.from_environment().job is None:
         return  # not launched: the parent is the user's shell
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -82,7 +86,7 @@ def take(path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     if os.path.exists(path):
         refuse_if_held(path, read(path))
-    mine = {'host': socket.gethostname(), 'pid': os.getpid(), 'launcher_pid': launcher_pid(),
+    mine = {'host': socket.gethostname(), 'pid': os.getpid(), 'job': Machine.from_environment().job,
             'started': time.strftime('%Y-%m-%d %H:%M:%S')}
     write_atomically(path, json.dumps(mine))
 
@@ -99,25 +103,20 @@ def alive(holder: dict, refreshed: float) -> bool:
     """Whether the holder may still be training: its PID running (this host), or its lock refreshed lately."""
     if time.time() - refreshed > STALE_S:
         return False
+    job = Machine.from_environment().job
+    if job is not None and holder.get('job') == job:
+        return False  # rank 0 of this job took it first
     if holder.get('host') != socket.gethostname():
         return True
     pid = holder.get('pid')
     if not isinstance(pid, int) or pid == os.getpid():
         return False
-    if holder.get('launcher_pid') is not None and holder.get('launcher_pid') == launcher_pid():
-        return False  # rank 0 of this job (the same launcher) took it first
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    try:  # a killed rank may stay a zombie where the container's init does not reap it
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:
         return True
-    return True
-
-
-def launcher_pid() -> int | None:
-    """The launcher's PID where this process was launched (the parent of every rank on the host), else None."""
-    return os.getppid() if os.environ.get('WORLD_SIZE') is not None else None
 
 
 def heartbeat(path: str, stop: threading.Event) -> None:

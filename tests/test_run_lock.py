@@ -22,7 +22,7 @@ def write_lock(folder, pid: int, host: str = socket.gethostname(), age_s: float 
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, run_lock.LOCK_NAME)
     with open(path, 'w') as file:
-        json.dump({'host': host, 'pid': pid, 'launcher_pid': None, 'started': '2026-11-28 10:00:00'}, file)
+        json.dump({'host': host, 'pid': pid, 'job': None, 'started': '2026-11-28 10:00:00'}, file)
     os.utime(path, (time.time() - age_s,) * 2)
     return path
 
