@@ -28,6 +28,7 @@ from llmfoundry_ext.machine import Machine
 LOCK_NAME = 'run.lock'
 HEARTBEAT_S = 30.0
 STALE_S = 120.0
+DYING_S = 5.0
 PR_SET_PDEATHSIG = 1
 
 
@@ -73,7 +74,12 @@ def check_free(folder: str | None, rank: int) -> None:
 
 
 def refuse_if_held(path: str, holder: dict) -> None:
+    """Refused if the holder is alive, and still alive ``DYING_S`` later: a run killed a moment ago (``kill -9``,
+    then the same command) may still be exiting."""
     with contextlib.suppress(FileNotFoundError):
+        deadline = time.monotonic() + DYING_S
+        while alive(holder, os.path.getmtime(path)) and time.monotonic() < deadline:
+            time.sleep(0.2)
         if alive(holder, os.path.getmtime(path)):
             raise ConfigError(f"checkpoint.save_folder: {os.path.dirname(path)} is in use by another run (host "
                               f"{holder.get('host')}, PID {holder.get('pid')}, since {holder.get('started')}); wait "
