@@ -84,27 +84,25 @@ def shard(folder: str) -> str:
         return os.path.join(folder, json.load(file)['shards'][0]['zip_data']['basename'])
 
 
-def truncated_decompressed_shard(folder: str) -> None:
-    """The first shard decompressed beside its .zstd, as streaming leaves it once read, then cut in half."""
+def decompressed_beside(folder: str, change) -> None:
+    """The first shard decompressed beside its .zstd, as streaming leaves it once read, its bytes ``change``d."""
     from streaming.base.compression import decompress
     with open(shard(folder), 'rb') as file:
         raw = decompress('zstd', file.read())
     with open(shard(folder).removesuffix('.zstd'), 'wb') as file:
-        file.write(raw[:len(raw) // 2])
+        file.write(change(raw))
+
+
+def stream_case(change, expected: str) -> tuple:
+    """A train case on a copy of the world's stream with ``change(folder)`` applied."""
+    return ('train', lambda w, t: [w['yaml'], f"data.train.streams.a.local={variant(w, t, 'stream', change)}"],
+            expected, 'run')
 
 
 def zeroed_start(path: str) -> None:
     """The first 8 bytes of ``path`` zeroed, its size unchanged."""
     with open(path, 'r+b') as file:
         file.write(bytes(8))
-
-
-def decompressed_shard_with_a_damaged_header(folder: str) -> None:
-    from streaming.base.compression import decompress
-    with open(shard(folder), 'rb') as file:
-        raw = decompress('zstd', file.read())
-    with open(shard(folder).removesuffix('.zstd'), 'wb') as file:
-        file.write(bytes(4) + raw[4:])
 
 
 def remove_shard(folder: str) -> None:
@@ -194,21 +192,18 @@ CASES = {
             w, t, 'stream', lambda f: truncate(shard(f)))],
         'config error: data.train.streams.a.local: shard shard.00000.mds.zstd has {truncated} bytes where its index '
         'says {size}; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
-    'train: truncated decompressed MDS shard': (
-        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
-            w, t, 'stream', truncated_decompressed_shard)],
+    'train: truncated decompressed MDS shard': stream_case(
+        lambda f: decompressed_beside(f, lambda raw: raw[:len(raw) // 2]),
         'config error: data.train.streams.a.local: shard shard.00000.mds has {raw_half} bytes where its index says '
-        '{raw_size}; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
-    'train: compressed MDS shard with a damaged header': (
-        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
-            w, t, 'stream', lambda f: zeroed_start(shard(f)))],
+        '{raw_size}; re-convert the stream with data_prep/convert_to_mds.py'),
+    'train: compressed MDS shard with a damaged header': stream_case(
+        lambda f: zeroed_start(shard(f)),
         'config error: data.train.streams.a.local: shard shard.00000.mds.zstd: not a zstd frame (its first bytes are '
-        'damaged); re-convert the stream with data_prep/convert_to_mds.py', 'run'),
-    'train: decompressed MDS shard with a damaged header': (
-        'train', lambda w, t: [w['yaml'], 'data.train.streams.a.local=' + variant(
-            w, t, 'stream', decompressed_shard_with_a_damaged_header)],
+        'damaged); re-convert the stream with data_prep/convert_to_mds.py'),
+    'train: decompressed MDS shard with a damaged header': stream_case(
+        lambda f: decompressed_beside(f, lambda raw: bytes(4) + raw[4:]),
         'config error: data.train.streams.a.local: shard shard.00000.mds: its header counts 0 samples where its index '
-        'says 64; re-convert the stream with data_prep/convert_to_mds.py', 'run'),
+        'says 64; re-convert the stream with data_prep/convert_to_mds.py'),
     'train: missing MDS shard': (
         'train', lambda w, t: [w['yaml'], f"data.train.streams.a.local={variant(w, t, 'stream', remove_shard)}"],
         'config error: data.train.streams.a.local: shard shard.00000.mds.zstd is missing; re-convert the stream with '
@@ -505,9 +500,9 @@ def test_under_the_launcher_a_bad_input_is_printed_once_and_exits_2(world):
 
 def zeroed_compressed_shard(folder: str) -> None:
     """The first shard's middle third zeroed, its size unchanged (the index's check passes); not yet decompressed."""
-    remove_shard_forms = shard(folder).removesuffix('.zstd')
-    if os.path.exists(remove_shard_forms):
-        os.remove(remove_shard_forms)
+    decompressed = shard(folder).removesuffix('.zstd')
+    if os.path.exists(decompressed):
+        os.remove(decompressed)
     size = os.path.getsize(shard(folder))
     with open(shard(folder), 'r+b') as file:
         file.seek(size // 3)
