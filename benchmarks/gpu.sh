@@ -34,6 +34,10 @@
 #   bash benchmarks/gpu.sh float8-1b            2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
 #                                               GPU (auto: float8), twice, with the garbage_collection callback,
 #                                               and at local batch 2 and 8; torchtitan compile (LBS 4)
+#   bash benchmarks/gpu.sh float8-output        2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
+#                                               GPU (float8, the output layer's GEMMs included) beside the output layer
+#                                               in bf16, twice; torchtitan compile and fp8 (LBS 4); the float8 output
+#                                               layer's GPU test
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all);
 #                                               REPEATS=3 runs the modes three times over (ours' launches part by up
@@ -227,6 +231,7 @@ S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_
 L="$S device_microbatch_size=2 $AC=none model.float8=false"
 declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
+                  [float8-blocks]="ours-float8-blocks $L model.float8=true model.float8_output=false"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
                   [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
@@ -383,6 +388,22 @@ case "${1:-}" in
       --row "shipped-b8 $Y global_batch_size=8" &
     wait
     tail -n 25 "$OUT"/float8-1b-gpu*.log ;;
+  float8-output)  # two lanes, one a GPU, at once: llama1b.yaml as shipped (auto: float8, the output layer's GEMMs
+    # included) at its 4 samples a GPU beside the same with the output layer in bf16 (model.float8_output=false), twice;
+    # torchtitan compile and fp8 at LBS 4; then the float8 output layer's GPU test
+    Y="yamls/llama1b.yaml global_batch_size=4" B=model.float8_output=false
+    lane() {  # gpu rows...
+      local gpu=$1; shift
+      CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
+        --json "$OUT/float8-output-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/float8-output-gpu$gpu.log"
+    }
+    lane 0 --row "shipped-1 $Y" --row "blocks-1 $Y $B" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
+      --versus shipped-1:blocks-1 --versus shipped-1:titan-b4 &
+    lane 1 --row "shipped-2 $Y" --row "blocks-2 $Y $B" --row "titan-fp8-b4 torchtitan:fp8 FLAVOR=1B LBS=4" \
+      --versus shipped-2:blocks-2 --versus shipped-2:titan-fp8-b4 &
+    wait
+    tail -n 20 "$OUT"/float8-output-gpu*.log
+    make test-gpu TEST_PYTHON=python3 TESTS="tests/test_parallelism_gpu.py::test_the_float8_output_layer_gives_the_bf16_loss_and_gradients_without_more_memory" 2>&1 | tail -8 ;;
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench-mixtral)
     M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"

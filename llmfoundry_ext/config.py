@@ -46,6 +46,13 @@ class ModelConfig(KernelConfig):
     float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
     #                                  the GPU has float8 and the plan predicts it faster
     float8_recipe: str = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
+    float8_output: bool = True       # with float8 and compile: the output layer's GEMMs in float8 too, as
+    #                                  torchtitan's float8; not with fused_kernels [cross_entropy] (liger's, bf16)
+
+    @property
+    def float8_output_layer(self) -> bool:
+        """The output layer's training GEMMs run in float8 (``parallelism.compiled_float8_matmul``)."""
+        return self.float8 is True and self.float8_output and self.compile and not self.fused_loss
 
     def family_entry(self) -> Family:
         return FAMILIES[self.family]

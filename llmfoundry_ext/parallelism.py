@@ -51,6 +51,8 @@ def parallelize(transformer: Transformer, config: TrainConfig, context_parallel:
     if config.model.float8:
         fp8_all_gather = config.model.float8_recipe == 'tensorwise' and sharded
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
+        if config.model.float8_output_layer:
+            transformer.lm_head.float8_matmul = compiled_float8_matmul(transformer.lm_head, config.model.float8_recipe)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
     fsdp = config.parallelism.fsdp
@@ -155,15 +157,43 @@ def convert_to_float8(transformer: Transformer, recipe: str, fp8_all_gather: boo
     """torchao's float8 training for the blocks' linears, by its ``recipe`` (tensorwise: one scale a tensor, cuBLAS;
     rowwise: one a row, CUTLASS, power-of-2 scales). Tensorwise sharded over several GPUs all-gathers the weights in
     float8 (half the bytes), with scales computed once per step by ``Float8ScalePrecompute``."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
 
     layers = transformer.layers
     init_stds = {name: m.init_std for name, m in layers.named_modules() if hasattr(m, 'init_std')}
-    config = (Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_all_gather) if recipe == 'tensorwise'
-              else Float8LinearConfig.from_recipe_name(recipe))
+    config = float8_linear_config(recipe, fp8_all_gather)
     convert_to_float8_training(layers, config=config, module_filter_fn=float8_eligible)
     for name, std in init_stds.items():  # the swapped-in Float8Linear modules keep the depth-scaled init
         layers.get_submodule(name).init_std = std
+
+
+def float8_linear_config(recipe: str, fp8_all_gather: bool = False):
+    """torchao's ``Float8LinearConfig`` for ``recipe``."""
+    from torchao.float8 import Float8LinearConfig
+
+    if recipe == 'tensorwise':
+        return Float8LinearConfig(enable_fsdp_float8_all_gather=fp8_all_gather)
+    return Float8LinearConfig.from_recipe_name(recipe)
+
+
+def compiled_float8_matmul(linear: torch.nn.Linear, recipe: str):
+    """(hidden, weight) -> ``linear``'s output through torchao's float8 matmul by ``recipe``, compiled (the output
+    layer's three GEMMs in float8, as torchtitan's float8 does). Not a swap to ``Float8Linear``: the output weight may
+    be tied to the embeddings, which a float8 all-gather must not touch. Compiled, the casts of the [tokens x vocab]
+    gradient fuse; eager, torchao's casts go through fp32 copies of it: the 1B at micro-batch 4 ran at 0.87x the
+    bf16 output layer's speed with 38 GiB more (366c6dd, benchmarks/float8_gpu_2026-11-28.md)."""
+    from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
+
+    config = float8_linear_config(recipe)
+    mm_config = Float8Linear(linear.in_features, linear.out_features, bias=False, config=config,
+                             device='meta').linear_mm_config
+
+    def float8_matmul(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(hidden.device.type):  # as Float8Linear: its matmul takes autocast's dtype
+            hidden = hidden.to(torch.get_autocast_dtype(hidden.device.type))
+        return matmul_with_hp_or_float8_args.apply(hidden, weight.t(), mm_config, config)
+
+    return torch.compile(float8_matmul, dynamic=False)
 
 
 def float8_eligible(module: torch.nn.Module, name: str) -> bool:

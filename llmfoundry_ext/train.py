@@ -179,7 +179,7 @@ def start_summary(run: Run, trainer) -> str:
         f"{' (document masking)' if config.data.document_masking else ''}, "
         f'{parallel_layout(trainer)}{context_parallel_layout(config)}, {describe_checkpointing(config)}, '
         f'compiled blocks {model.compile}, '
-        f"fused kernels {', '.join(model.fused_kernels) or 'none'}{f', float8 {model.float8_recipe}' if model.float8 else ''}",
+        f"fused kernels {', '.join(model.fused_kernels) or 'none'}{float8_text(model)}",
         *run.plan.summary(),
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
@@ -190,6 +190,13 @@ def start_summary(run: Run, trainer) -> str:
          '  starting from scratch (no checkpoint found)'),
     ]
     return '\n'.join(lines)
+
+
+def float8_text(model) -> str:
+    """', float8 tensorwise (blocks and output layer)' in the start summary; '' without float8."""
+    if not model.float8:
+        return ''
+    return f", float8 {model.float8_recipe} ({'blocks and output layer' if model.float8_output_layer else 'blocks'})"
 
 
 def downstream_line(run: Run) -> list[str]:

@@ -253,11 +253,16 @@ class TransformerBlock(nn.Module):
 class OutputLayer(nn.Linear):
     """Hidden states -> logits; or, given labels, the fused output layer and cross-entropy (no logits). Both go
     through the module's call, so FSDP2 gathers the weight when the layer is its own unit; and both run inside the
-    Transformer's forward: Composer's FSDP2 reshards the root unit (the tied output weight's) when it returns."""
+    Transformer's forward: Composer's FSDP2 reshards the root unit (the tied output weight's) when it returns.
+    ``float8_matmul`` (hidden, weight) -> logits: where set (``parallelism.float8_output``), training's logits come
+    from it; evaluation's stay bf16."""
+    float8_matmul = None
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if labels is not None:
             return fused.linear_cross_entropy(hidden, self.weight, labels)
+        if self.float8_matmul is not None and self.training:
+            return self.float8_matmul(hidden, self.weight)
         return super().forward(hidden)
 
 
