@@ -234,6 +234,7 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   [float8-blocks]="ours-float8-blocks $L model.float8=true model.float8_output=false"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
+                  [titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=2"
                   [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
                   [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
 
