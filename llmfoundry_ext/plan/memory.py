@@ -16,7 +16,8 @@ feed-forward width a token runs through, V the vocabulary):
   f); full: the block input R/2; full_except_attention: R/2 + 2d; float8 without checkpointing keeps the linears'
   inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``).
 - **the loss**: liger's fused kernel computes the output layer's fp32 gradient (4 V d) in the forward; the compiled
-  loss keeps bf16 logits and their gradient (4 V a token); the eager loss fp32 logits too (10 V a token). They are
+  loss keeps bf16 logits and their gradient (4 V a token), and with the output layer in float8 the gradient's two
+  float8 casts (2 V a token more); the eager loss fp32 logits too (10 V a token). They are
   freed before the backward recomputes its first checkpointed block (the block's activations without checkpointing),
   so the larger of the two counts.
 - at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
@@ -54,6 +55,7 @@ class Layout:
     sharded: bool = False        # FSDP2 over several ranks (else one process under autocast, or DDP)
     accumulating: bool = False   # several micro-batches a step
     loss: str = 'fused'          # fused (liger), compiled, eager
+    float8_output: bool = False  # with float8 and the compiled loss, the output layer's GEMMs in float8 too
     checkpoint_every: int = 1
 
 
@@ -87,10 +89,12 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> 
     raise ValueError(f'unknown activation checkpointing mode {mode!r}')
 
 
-def loss_bytes(arch, tokens: int, loss: str) -> int:
+def loss_bytes(arch, tokens: int, loss: str, float8_output: bool = False) -> int:
     if loss == 'fused':
         return 4 * arch.vocab_size * arch.dim
-    return (4 if loss == 'compiled' else 10) * arch.vocab_size * tokens
+    if loss == 'compiled':
+        return (6 if float8_output else 4) * arch.vocab_size * tokens
+    return 10 * arch.vocab_size * tokens
 
 
 def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
@@ -115,7 +119,7 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         'weights for compute': compute_weights,
         'activations': tokens * ((layers - checkpointed) * plain + checkpointed * kept + 4 * arch.dim),
         # the loss's tensors are freed before the backward recomputes its first checkpointed block
-        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss),
+        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss, setting.float8 and layout.float8_output),
                                                    tokens * plain if checkpointed else 0),
     }
     largest_unit = max(per_block, output_params)

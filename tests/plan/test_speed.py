@@ -12,6 +12,8 @@ MEASURED = [
     ('1b', Setting(2), 16384, False, 'h100', 51646, 'speed-1b_h100_60e4d3f_lease1.json ours-b2-1'),
     ('1b', Setting(4), 32768, False, 'h100', 54598, 'speed-1b_h100_60e4d3f_lease1.json ours-b4-1'),
     ('1b', Setting(4, float8=True), 32768, False, 'h100', 61300, 'llama1b_h100_options.json ours-best-b4-float8'),
+    ('1b', Setting(4, float8=True), 32768, False, 'h200', 67529, 'float8_output/float8-output-gpu0.json shipped-1'),
+    ('1b', Setting(4, float8=True), 32768, False, 'h200', 68306, 'float8_output/float8-output-gpu1.json shipped-2'),
     ('8b', Setting(1), 8192, True, 'h200', 9305, 'gpu_bench-8b-none-float8_2xh200.json ours-none'),
     ('8b', Setting(1, reshard_after_forward=False), 8192, True, 'h200', 9542,
      'gpu_bench-8b-none-float8_2xh200.json ours-none-keep'),
@@ -28,7 +30,7 @@ MEASURED = [
 def test_the_prediction_is_within_3_percent_of_the_measured_speed(preset, setting, tokens, sharded, gpu, measured,
                                                                     source):
     predicted = tokens_per_second(PRESETS[preset], setting, 8192, tokens, tokens, 2 if sharded else 1, sharded,
-                                  GPUS[gpu])
+                                  GPUS[gpu], float8_output='float8_output/' in source)
     assert abs(predicted / measured - 1) < 0.03, f'{predicted:,.0f} predicted, {measured:,} measured ({source})'
 
 
