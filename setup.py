@@ -20,7 +20,7 @@ install_requires = [
 extras_require = {
     # wheels only: liger-kernel's fused kernels, torchao's float8, nvidia-ml-py for GPU utilisation
     'gpu': ['liger-kernel>=0.8.3', 'torchao>=0.17', 'nvidia-ml-py>=12'],
-    'flash': ['flash-attn>=2.6'],  # built from source against the installed torch: README, Install
+    'flash': ['flash-attn>=2.6'],  # built from source against the installed torch: docs/install.md
     'eval': ['lm_eval>=0.4.9,<0.5'],  # downstream tasks (llmfoundry_ext/downstream.py)
     # moto: a local S3 for tests; xdist: make test runs two tests at a time (most wait on process start-up);
     # lm_eval's hf extra: its HF backend, which the downstream tests compare ours with

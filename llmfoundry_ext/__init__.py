@@ -11,7 +11,7 @@ def use_expandable_segments() -> None:
     the user gave allocator settings of their own. PyTorch reads them when it is imported, so this runs on importing
     the package, before any of its modules imports torch (``train.py`` and the scripts import the package first).
     Without it llama1b.yaml on one H100 ran out of memory at its second micro-batch with 6.9 GiB cached in blocks too
-    small for the 7.8 GiB of logits; tokens/s is the same (README, Performance)."""
+    small for the 7.8 GiB of logits; tokens/s is the same (docs/performance.md)."""
     if not any(name in os.environ for name in ALLOCATOR_SETTINGS):
         os.environ['PYTORCH_ALLOC_CONF'] = 'expandable_segments:True'
 

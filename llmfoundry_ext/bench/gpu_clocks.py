@@ -1,7 +1,7 @@
 """The GPUs' clocks, power and temperature while a benchmark row trains, read with ``nvidia-smi`` beside it.
 
 Ours and torchtitan run the same GEMM and attention kernels as often, yet each took 2-4 % longer in ours' trace
-(README, Performance): a GPU kept busier may run at lower clocks under its power limit. Each row says at what clock
+(docs/performance.md): a GPU kept busier may run at lower clocks under its power limit. Each row says at what clock
 and power its GPUs ran while busy, so two rows of one lease can be compared at the clock they had. Settings are only
 read, never set. Our own code because Composer's system-metrics callback samples at batch ends inside the run, and
 torchtitan's rows run outside Composer.

@@ -10,7 +10,7 @@ trains at ``max_seq_len`` seq_len, the window's last token the last position's l
 step's inputs, labels, loss and gradients are torchtitan's, token for token. (Windows of seq_len
 drifted one token a sample from torchtitan's, and parts converted apart dropped their tails: on the 1B, a drift of
 ~40 tokens decided whether the step after the warm-up's peak spiked, and with it the run's next hundreds of steps:
-README, Learning.) Rows are the throughput
+docs/learning.md.) Rows are the throughput
 benchmark's (``benchmark.Row``): ``NAME yamls/x.yaml overrides``, ``NAME hf:yamls/x.yaml ...``,
 ``NAME torchtitan:SETTING ENV=...``. Every row gets ``Hyper``'s optimizer and schedule (torchtitan's AdamW with a
 linear warm-up and a linear decay to 0, clipping at 1.0), but where an ours or hf row's own overrides set them.
@@ -162,7 +162,7 @@ def write_shared_init(yaml: str, seed: int, out: str, overrides: list[str] = ())
     """Seed ``seed``'s fresh weights of ``yaml``'s model (its ``init_scheme``) as an fp32 HF folder that every row of
     that seed starts from: ours and hf rows through ``model.init_from``, torchtitan through its own HF loader. The
     draw itself then drops out of a comparison (each row's own draws ended 3-4 % apart at the 1B's step 500); the
-    rows still part where bf16 roundings decide the fast-learning phase (README, Learning)."""
+    rows still part where bf16 roundings decide the fast-learning phase (docs/learning.md)."""
     run = prepare(yaml, overrides)
     torch.manual_seed(seed)
     module = run.config.model.family_entry().module(run.architecture, run.kernels)

@@ -115,7 +115,7 @@ INIT_STD = 0.02
 # How fresh weights are drawn. torchtitan (v0.2.2's llama3 ``init_weights``, depth_init): token embeddings N(0, 1)
 # (untied), q/k/v/gate 0.02, o/down/up 0.02 / sqrt(2 (layer + 1)); gpt2 (GPT-2's scaled residual init): embeddings
 # 0.02, o/down 0.02 / sqrt(2 layers), the rest 0.02. Both: an untied output layer dim^-0.5, cut at 3 std. On the
-# learning benchmark (README, Learning; 1B, 220 steps, one seed) the last 50 steps' loss was 2.97 with gpt2's, 2.62
+# learning benchmark (docs/learning.md; 1B, 220 steps, one seed) the last 50 steps' loss was 2.97 with gpt2's, 2.62
 # with torchtitan's (torchtitan itself: 2.46).
 INIT_SCHEMES = ('torchtitan', 'gpt2')
 

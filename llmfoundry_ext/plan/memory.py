@@ -25,7 +25,7 @@ feed-forward width a token runs through, V the vocabulary):
 The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
 peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
 H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
-H200 at eight settings (``benchmarks/results/plan``; README, Planning). The counter it predicts is
+H200 at eight settings (``benchmarks/results/plan``; docs/planning.md). The counter it predicts is
 ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
 plan's fit margin covers (``run_plan.usable_bytes``).
 """

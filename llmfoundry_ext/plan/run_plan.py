@@ -24,7 +24,7 @@ from llmfoundry_ext.plan.memory import Layout, MemoryEstimate, Setting
 FIT_MARGIN = 0.05
 FIT_RESERVE = 2 * GIB
 CHECKPOINTING_CHOICES = ('none', 'selective', 'full')
-# The families whose loss the learning benchmark showed holding under float8 (README, Learning): auto turns it on
+# The families whose loss the learning benchmark showed holding under float8 (docs/learning.md): auto turns it on
 # for these alone.
 FLOAT8_FAMILIES = ('llama',)
 KEYS = {'micro_batch': 'device_microbatch_size', 'checkpointing': 'parallelism.fsdp.activation_checkpointing',
