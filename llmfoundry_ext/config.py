@@ -37,8 +37,8 @@ class ModelConfig(KernelConfig):
     """What to build and how: the family, its preset, the kernels, where the weights start. A run's model config is
     ``model_config_class(family)``: this plus the family's architecture fields, each a ``model.`` key in the YAML
     (from the preset unless set)."""
-    family: str = 'llama'
-    preset: str = 'debug'
+    family: str = 'llama'            # llama or mixtral (model/families.py)
+    preset: str = 'debug'            # the architecture's defaults: 1b, 8b, 70b, mixtral-8x7b, debug, ...
     init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
     init_from: Optional[str] = None  # HF Llama/Mixtral folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
@@ -74,25 +74,25 @@ def model_config_class(family: str) -> type:
 @dataclass
 class StreamConfig:
     """One MDS folder of a data mixture (streaming's ``Stream``)."""
-    local: str
-    remote: Optional[str] = None
-    proportion: Optional[float] = None
-    repeat: Optional[float] = None
-    choose: Optional[int] = None
+    local: str                      # the MDS folder on this machine (a convert_to_mds.py --out split)
+    remote: Optional[str] = None    # where streaming downloads shards from into local (s3://, gs://, a path)
+    proportion: Optional[float] = None  # the stream's share of each epoch's samples (streaming's proportion)
+    repeat: Optional[float] = None  # or: each of its samples this many times an epoch
+    choose: Optional[int] = None    # or: this many of its samples an epoch
 
 
 @dataclass
 class LoaderConfig:
     """A StreamingDataset over streams, read by a StreamingDataLoader."""
-    streams: dict[str, StreamConfig]
-    shuffle: bool = True
-    shuffle_seed: int = 9176
-    shuffle_algo: str = 'py1e'
-    num_canonical_nodes: Optional[int] = None
+    streams: dict[str, StreamConfig]  # name -> one MDS folder of the mixture
+    shuffle: bool = True              # shuffle the samples (a fixed order from shuffle_seed; resumption keeps it)
+    shuffle_seed: int = 9176          # the sample order's seed (not the run's seed: data order stays when seed changes)
+    shuffle_algo: str = 'py1e'        # streaming's shuffle algorithm
+    num_canonical_nodes: Optional[int] = None  # streaming's; fixed, the sample order survives a change in node count
     epoch_size: Optional[int] = None  # samples per epoch (default: all samples of the streams, once)
-    num_workers: int = 0
-    prefetch_factor: Optional[int] = None
-    drop_last: bool = True
+    num_workers: int = 0              # loader worker processes a rank
+    prefetch_factor: Optional[int] = None  # batches each worker prepares ahead
+    drop_last: bool = True            # drop an epoch's last incomplete batch
 
 
 @dataclass
@@ -101,16 +101,16 @@ class DataConfig:
     eval: Optional[LoaderConfig] = None
     tokenizer: Optional[str] = None  # folder with tokenizer.json; its vocabulary must fit model.vocab_size
     document_masking: bool = False   # attention stays within documents (split at EOS); adds position_ids
-    eos_token: str = '<|end_of_text|>'
+    eos_token: str = '<|end_of_text|>'  # the token that ends each document (document masking splits at it)
     eos_token_id: Optional[int] = None  # None: eos_token looked up in the tokenizer
 
 
 @dataclass
 class ObjectiveConfig:
     """clm: next-token prediction; mlm: predict the tokens replaced by the mask token (bidirectional)."""
-    name: str = 'clm'
-    mask_probability: float = 0.3
-    mask_token: str = '<|reserved_special_token_100|>'
+    name: str = 'clm'                # clm (causal, next token) or mlm (masked, bidirectional)
+    mask_probability: float = 0.3    # mlm: the share of tokens masked
+    mask_token: str = '<|reserved_special_token_100|>'  # mlm: the token that replaces them
     mask_token_id: Optional[int] = None  # None: mask_token looked up in data.tokenizer
 
 
@@ -126,8 +126,8 @@ class FSDPConfig:
     checkpoint_every: int = 1  # apply it to every k-th block (full with 2: every other block recomputed)
     replicate_degree: int | Auto = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs;
     #                                   auto: a replica a node where the model fits sharded over one node
-    state_dict_type: str = 'sharded'
-    mixed_precision: str = 'DEFAULT'
+    state_dict_type: str = 'sharded'  # sharded: each rank writes its shard (DCP); full: rank 0 writes one file
+    mixed_precision: str = 'DEFAULT'  # Composer's FSDP2 mixed precision: bf16 params, fp32 gradient reduction
 
 
 @dataclass
@@ -138,11 +138,11 @@ class ParallelismConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_folder: Optional[str] = 'checkpoints/{run_name}'
-    save_interval: str = '500ba'
-    save_num_checkpoints_to_keep: int = -1
-    autoresume: bool = True
-    load_path: Optional[str] = None
+    save_folder: Optional[str] = 'checkpoints/{run_name}'  # null: no checkpoints; {run_name} is filled in
+    save_interval: str = '500ba'     # a checkpoint every this many batches (ba) or epochs (ep)
+    save_num_checkpoints_to_keep: int = -1  # the newest kept, across restarts; -1: all
+    autoresume: bool = True          # the same command resumes from the newest sealed checkpoint in save_folder
+    load_path: Optional[str] = None  # a checkpoint to start from when save_folder has none
 
 
 @dataclass
@@ -166,28 +166,31 @@ class DownstreamConfig:
 
 @dataclass
 class TrainConfig:
-    run_name: str
+    run_name: str                    # names the run: its checkpoint folder and logs
     model: ModelConfig
     data: DataConfig
-    max_seq_len: int
-    global_batch_size: int
-    max_duration: str
+    max_seq_len: int                 # tokens a sample (the shards' windows)
+    global_batch_size: int           # samples a step over all GPUs
+    max_duration: str                # training length: batches (ba), epochs (ep) or tokens (tok)
     device_microbatch_size: Optional[int | Auto] = None  # None: the whole per-device batch at once; auto: the
     #                                                     fastest the plan predicts to fit
-    optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})
+    optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})  # name + its
+    #                                  arguments (registry.OPTIMIZERS: adamw, decoupled_adamw, ...)
     scheduler: Optional[dict[str, Any]] = field(
-        default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})
+        default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})  # name + arguments
+    #                                  (registry.SCHEDULERS: Composer's); null: a constant rate
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    precision: str = 'amp_bf16'
-    seed: int = 17
+    precision: str = 'amp_bf16'      # Composer's: amp_bf16 (bf16 matmuls, fp32 weights), fp32, amp_fp16, amp_fp8
+    seed: int = 17                   # weights' initialisation, dropout and Composer's RNGs
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)
-    loggers: dict[str, dict[str, Any]] = field(default_factory=lambda: {'tensorboard': {}})
-    eval_interval: str = '500ba'
-    eval_subset_num_batches: int = -1
-    log_interval: str = '1ba'
+    callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> arguments (registry.CALLBACKS)
+    algorithms: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> arguments (registry.ALGORITHMS)
+    loggers: dict[str, dict[str, Any]] = field(default_factory=lambda: {'tensorboard': {}})  # name -> arguments
+    #                                  (registry.LOGGERS: tensorboard, wandb, ...)
+    eval_interval: str = '500ba'     # held-out loss on data.eval every this many batches
+    eval_subset_num_batches: int = -1  # batches a GPU an evaluation; -1: all of data.eval
+    log_interval: str = '1ba'        # a console line and logged metrics every this many batches
     console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
     node_timeout_s: float = 30.0           # a job over several nodes stops when one is silent this long (node_watch)

@@ -21,20 +21,20 @@ from llmfoundry_ext.model.kernels import KernelConfig
 class LlamaConfig:
     """Architecture of one Llama model; every field matches an HF ``LlamaConfig`` key by meaning. Fields marked
     ``weights: False`` describe how the weights are used, not the weights (``weight_fields``)."""
-    dim: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    ffn_dim: int = 14336
-    vocab_size: int = 128256
-    norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
+    dim: int = 4096                           # model width
+    n_layers: int = 32                        # transformer blocks
+    n_heads: int = 32                         # attention (query) heads
+    n_kv_heads: int = 8                       # key/value heads (grouped-query attention)
+    ffn_dim: int = 14336                      # SwiGLU feed-forward width
+    vocab_size: int = 128256                  # embedding rows; the tokenizer's ids must fit
+    norm_eps: float = 1e-5                    # RMSNorm's epsilon
+    rope_theta: float = 500000.0              # RoPE's base
     rope_scaling_factor: float = 8.0          # Llama-3.1 frequency scaling; 1.0 turns it off
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_seq_len: int = 8192
+    rope_low_freq_factor: float = 1.0         # Llama-3.1 scaling's low-frequency bound
+    rope_high_freq_factor: float = 4.0        # Llama-3.1 scaling's high-frequency bound
+    rope_original_max_seq_len: int = 8192     # the context the scaling starts from
     max_seq_len: int = field(default=131072, metadata={'weights': False})  # the RoPE range trained for
-    tie_embeddings: bool = False
+    tie_embeddings: bool = False              # the output layer shares the embeddings' weight
     causal: bool = field(default=True, metadata={'weights': False})  # False: bidirectional attention (masked LM)
     init_scheme: str = field(default='torchtitan', metadata={'weights': False})  # fresh weights: INIT_SCHEMES
 

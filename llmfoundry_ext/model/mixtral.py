@@ -19,8 +19,8 @@ from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, Tran
 @dataclass(frozen=True)
 class MixtralConfig(LlamaConfig):
     """Llama's architecture fields (``ffn_dim`` is each expert's width) and the experts (HF ``MixtralConfig``)."""
-    n_experts: int = 8
-    experts_per_token: int = 2
+    n_experts: int = 8               # experts a block
+    experts_per_token: int = 2       # experts each token is routed to
     router_aux_loss_coef: float = field(default=0.02, metadata={'weights': False})  # load-balancing loss weight
 
     def feed_forward_params(self, active: bool = False) -> int:

@@ -1,0 +1,113 @@
+"""docs/config.md from the config classes: every YAML key with its type, default and one line, the line being the
+comment beside the field in the source (``python scripts/config_reference.py`` writes it; a test fails when a key has
+no line or the file is stale). Python keeps no field comments at run time, hence the reading of the source."""
+import dataclasses
+import inspect
+import io
+import tokenize
+import typing
+
+from llmfoundry_ext.config import StreamConfig, TrainConfig, model_config_class
+from llmfoundry_ext.model.families import FAMILIES
+
+HEADER = """# Configuration reference
+
+Every key a run's YAML takes (or `key=value` on the command line), generated from the config classes by
+`python scripts/config_reference.py`: do not edit by hand. The model's architecture keys default to its `preset`'s
+values. Keys that hold a name and arguments (`optimizer`, `scheduler`, `callbacks`, `algorithms`, `loggers`) are
+listed in `llmfoundry_ext/registry.py`. A YAML may also hold `variables:`, values for `${variables.x}` that are
+resolved and then dropped.
+"""
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment beside it and on the comment lines that follow it, over ``cls``'s dataclass bases."""
+    comments = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            try:
+                comments |= comments_in_source(inspect.getsource(klass))
+            except (OSError, TypeError):  # a class made at run time (model_config_class): its bases hold the fields
+                continue
+    return comments
+
+
+def comments_in_source(source: str) -> dict[str, str]:
+    """The class body's ``name: type = ...  # comment`` lines (and comment lines continuing them)."""
+    comments, current, previous = {}, None, None
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.NAME and token.start[1] == 4 and token.line[4:].startswith(token.string + ':'):
+            current = token.string
+        elif token.type == tokenize.COMMENT and current:
+            comments.setdefault(current, []).append(token.string.lstrip('#').strip())
+        elif token.type == tokenize.NL and previous in (tokenize.NEWLINE, tokenize.NL):
+            current = None  # a blank line ends the field's comment
+        previous = token.type
+    return {name: ' '.join(lines) for name, lines in comments.items()}
+
+
+def sections() -> list[tuple[str, str, type]]:
+    """(heading, key prefix, class): the run's keys, then each family's model keys."""
+    return [('the run', '', TrainConfig)] + [(f'model (family: {family})', 'model', model_config_class(family))
+                                             for family in FAMILIES]
+
+
+def nested_class(annotation) -> type | None:
+    """The config class a field holds (directly or Optional), or None for a value."""
+    candidates = [annotation, *typing.get_args(annotation)]
+    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+
+
+def rows(prefix: str, cls: type) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, line) for each value field of ``cls`` under ``prefix``, nested classes after."""
+    comments, values, nested = field_comments(cls), [], []
+    for spec in dataclasses.fields(cls):
+        key = f'{prefix}.{spec.name}' if prefix else spec.name
+        inner = nested_class(spec.type)
+        if spec.name == 'streams':  # name -> StreamConfig
+            values.append((key, 'name -> stream', 'required', comments.get(spec.name, '')))
+            nested.append((f'{key}.<name>', StreamConfig))
+        elif inner is not None and spec.name != 'model':  # the model's keys: a section a family (sections)
+            nested.append((key, inner))
+        elif inner is None:
+            values.append((key, type_text(spec.type), default_text(spec), comments.get(spec.name, '')))
+    for key, inner in nested:
+        values += rows(key, inner)
+    return values
+
+
+def type_text(annotation) -> str:
+    text = annotation.__name__ if isinstance(annotation, type) and not typing.get_args(annotation) else str(annotation)
+    return text.replace('typing.', '').replace("Literal['auto']", "'auto'").replace('NoneType', 'None')
+
+
+def cell(text: str) -> str:
+    """``text`` inside a Markdown table cell (its pipes escaped)."""
+    return text.replace('|', '\\|')
+
+
+def default_text(spec: dataclasses.Field) -> str:
+    if spec.default is not dataclasses.MISSING:
+        return repr(spec.default)
+    if spec.default_factory is not dataclasses.MISSING:
+        return repr(spec.default_factory())
+    return 'required'
+
+
+def reference() -> str:
+    """The Markdown of docs/config.md."""
+    parts, listed = [HEADER], set()
+    for heading, prefix, cls in sections():
+        every = rows(prefix, cls)
+        table = [row for row in every if row[0] not in listed]
+        also = '\nThe keys of the family above, and:\n' if len(table) < len(every) else ''
+        parts.append(f'\n## {heading}\n{also}\n| key | type | default | meaning |\n|---|---|---|---|\n')
+        parts += [f'| `{key}` | `{cell(kind)}` | `{cell(default)}` | {cell(line)} |\n' for key, kind, default, line in table]
+        listed |= {row[0] for row in table}
+    return ''.join(parts)
+
+
+def missing_lines() -> list[str]:
+    """Keys without a line: each must have one."""
+    return [key for _, prefix, cls in sections() for key, _, _, line in rows(prefix, cls) if not line]
+
