@@ -52,7 +52,12 @@ class ModelConfig(KernelConfig):
     @property
     def float8_output_layer(self) -> bool:
         """The output layer's training GEMMs run in float8 (``parallelism.compiled_float8_matmul``)."""
-        return self.float8 is True and self.float8_output and self.compile and not self.fused_loss
+        return self.output_layer_in_float8(self.float8 is True)
+
+    def output_layer_in_float8(self, float8: bool) -> bool:
+        """Whether the output layer's GEMMs run in float8 where the blocks' do (``float8``): the run plan asks it of
+        each setting it weighs, before ``model.float8: auto`` is settled."""
+        return float8 and self.float8_output and self.compile and not self.fused_loss
 
     def family_entry(self) -> Family:
         return FAMILIES[self.family]

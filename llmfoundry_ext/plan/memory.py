@@ -55,7 +55,8 @@ class Layout:
     sharded: bool = False        # FSDP2 over several ranks (else one process under autocast, or DDP)
     accumulating: bool = False   # several micro-batches a step
     loss: str = 'fused'          # fused (liger), compiled, eager
-    float8_output: bool = False  # with float8 and the compiled loss, the output layer's GEMMs in float8 too
+    float8_output: bool = False  # the output layer's GEMMs in float8 (ModelConfig.output_layer_in_float8); with the
+    #                              compiled loss alone
     checkpoint_every: int = 1
 
 
@@ -119,7 +120,7 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         'weights for compute': compute_weights,
         'activations': tokens * ((layers - checkpointed) * plain + checkpointed * kept + 4 * arch.dim),
         # the loss's tensors are freed before the backward recomputes its first checkpointed block
-        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss, setting.float8 and layout.float8_output),
+        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss, layout.float8_output),
                                                    tokens * plain if checkpointed else 0),
     }
     largest_unit = max(per_block, output_params)

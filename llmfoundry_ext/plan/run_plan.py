@@ -195,7 +195,7 @@ def layout(config: TrainConfig, machine: Machine, replicas: int, setting: Settin
     ranks = shard_ranks(config, machine, replicas)
     return Layout(seq_len=config.max_seq_len // config.parallelism.context_parallel_degree, shard_ranks=ranks,
                   sharded=shards_the_model(config, machine), accumulating=micro_batches > 1, loss=loss,
-                  float8_output=model.float8_output,
+                  float8_output=model.output_layer_in_float8(setting.float8),
                   checkpoint_every=fsdp.checkpoint_every if fsdp is not None else 1)
 
 
@@ -208,7 +208,7 @@ def weigh(config: TrainConfig, machine: Machine, choices: list[Setting], replica
         tokens_per_second = speed.tokens_per_second(
             architecture, setting, config.max_seq_len, setting.micro_batch * shape.seq_len,
             config.device_batch_size * shape.seq_len, shape.shard_ranks, shape.sharded, machine.gpu or GPUS['h100'],
-            shape.checkpoint_every, shape.loss == 'compiled' and shape.float8_output)
+            shape.checkpoint_every, shape.float8_output)
         fits = None if machine.gpu is None else estimate.peak <= usable_bytes(machine.gpu)
         candidates.append(Candidate(setting, estimate, tokens_per_second, fits))
     return candidates

@@ -73,7 +73,7 @@ def tokens_per_second(arch, setting: Setting, seq_len: int, micro_tokens: int, s
                       sharded: bool, gpu, checkpoint_every: int = 1, float8_output: bool = False) -> float:
     """Predicted training tokens/s a GPU. ``seq_len``: the whole sequence (attention's FLOPs); ``micro_tokens`` and
     ``step_tokens``: one GPU's tokens in a micro-batch and in a step; ``shard_ranks``: the ranks the optimizer's
-    state is sharded over; ``float8_output``: the output layer's GEMMs in float8 too where the setting has float8."""
+    state is sharded over; ``float8_output``: the output layer's GEMMs in float8 too (with the setting's float8)."""
     rate = gpu.bf16_flops * efficiency(micro_tokens, arch.dim) * gpu.efficiency
     if sharded:
         rate *= SHARDED_EFFICIENCY * (RESHARD_FACTOR if setting.reshard_after_forward else 1.0)
