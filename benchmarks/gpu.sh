@@ -280,6 +280,13 @@ bench_8b() {  # modes (none selective full float8): the 8B as shipped beside tor
   python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
 }
 
+gpu_lane() {  # name gpu rows...: scripts/benchmark.py's rows on that one GPU (3 warm-up, 8 timed steps), beside
+  # another lane on another GPU; $OUT/NAME-gpuGPU.json and .log
+  local name=$1 gpu=$2; shift 2
+  CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
+    --json "$OUT/$name-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/$name-gpu$gpu.log"
+}
+
 profile() {  # flavor local-batch yaml mode [ours]: ours (scripts/profile_run.py) beside torchtitan (or ours alone),
   # the same steps profiled
   local flavor=$1 lbs=$2 yaml=$3 mode=$4 name=$1-b$2-$4 traces=()
@@ -377,11 +384,7 @@ case "${1:-}" in
   float8-1b)  # two lanes, one a GPU, at once: llama1b.yaml as shipped (auto) at its 4 samples a GPU, twice, and with
     # the garbage_collection callback; at local batch 2 (float8) and 8; torchtitan compile at LBS 4
     Y=yamls/llama1b.yaml GC="callbacks.garbage_collection={}"
-    lane() {  # gpu rows...
-      local gpu=$1; shift
-      CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
-        --json "$OUT/float8-1b-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/float8-1b-gpu$gpu.log"
-    }
+    lane() { gpu_lane float8-1b "$@"; }
     lane 0 --row "shipped-1 $Y global_batch_size=4" --row "gc-1 $Y global_batch_size=4 $GC" \
       --row "b2 $Y global_batch_size=2 device_microbatch_size=2" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
       --versus shipped-1:titan-b4 &
@@ -393,11 +396,7 @@ case "${1:-}" in
     # included) at its 4 samples a GPU beside the same with the output layer in bf16 (model.float8_output=false), twice;
     # torchtitan compile and fp8 at LBS 4; then the float8 output layer's GPU test
     Y="yamls/llama1b.yaml global_batch_size=4" B=model.float8_output=false
-    lane() {  # gpu rows...
-      local gpu=$1; shift
-      CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
-        --json "$OUT/float8-output-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/float8-output-gpu$gpu.log"
-    }
+    lane() { gpu_lane float8-output "$@"; }
     lane 0 --row "shipped-1 $Y" --row "blocks-1 $Y $B" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
       --versus shipped-1:blocks-1 --versus shipped-1:titan-b4 &
     lane 1 --row "shipped-2 $Y" --row "blocks-2 $Y $B" --row "titan-fp8-b4 torchtitan:fp8 FLAVOR=1B LBS=4" \
