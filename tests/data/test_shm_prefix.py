@@ -1,16 +1,28 @@
-"""Two jobs registering streaming's shared-memory prefixes on one machine at the same moments: streaming's own
-registration collides once its look-up and its creation are apart; ours, the same look-up slowed the same way, gives
-every dataset a prefix of its own."""
+"""Registering streaming's shared-memory prefixes beside other jobs on one machine: streaming's own registration
+collides when two jobs start together or when another dataset is half set up or half torn down; ours gives every
+dataset a prefix of its own. Each test names its segments in a namespace of its own (streaming's ``_get_path``), so
+the suite's other worker's datasets do not take part."""
 import multiprocessing
+import os
 import time
 
 import pytest
 import streaming.base.shared.prefix as streaming_prefix
+from streaming.base.constant import BARRIER, LOCALS
+from streaming.base.shared import SharedMemory
 from streaming.base.world import World
 
 from llmfoundry_ext.data import shm_prefix
 
 REGISTRATIONS = 6
+ONE_PROCESS = dict(num_nodes=1, ranks_per_node=1, workers_per_rank=1, worker=0)
+
+
+def in_a_namespace_of_its_own(namespace: str) -> None:
+    """Streaming's and our registrations, in this process, name their segments and file locks under ``namespace``."""
+    def get_path(prefix: int, name: str) -> str:
+        return f'{namespace}_{prefix:06}_{name}'
+    streaming_prefix._get_path = shm_prefix._get_path = get_path
 
 
 def slowed(find):
@@ -22,11 +34,12 @@ def slowed(find):
     return find_slowly
 
 
-def register(ours: bool, job: int, start, results) -> None:
+def register(ours: bool, job: int, namespace: str, start, results) -> None:
     """One job (one process, its own local leader): REGISTRATIONS datasets' prefixes, all kept until the end."""
+    in_a_namespace_of_its_own(namespace)
     module = shm_prefix if ours else streaming_prefix
     module._check_and_find_retrying = slowed(module._check_and_find_retrying)
-    world = World(num_nodes=1, ranks_per_node=1, workers_per_rank=1, worker=0)
+    world = World(**ONE_PROCESS)
     held = []
     start.wait()
     try:
@@ -46,7 +59,8 @@ def registered_by_two_jobs(ours: bool) -> dict:
     context = multiprocessing.get_context('forkserver')
     context.set_forkserver_preload([__name__])
     start, results = context.Barrier(2), context.Queue()
-    jobs = [context.Process(target=register, args=(ours, job, start, results)) for job in range(2)]
+    namespace = f'llmfx_test_{os.getpid()}'
+    jobs = [context.Process(target=register, args=(ours, job, namespace, start, results)) for job in range(2)]
     for process in jobs:
         process.start()
     found = dict(results.get(timeout=120) for _ in jobs)
@@ -64,3 +78,21 @@ def test_two_jobs_starting_together_get_prefixes_of_their_own_where_streamings_c
     ours = registered_by_two_jobs(ours=True)
     assert all(isinstance(result, list) and len(result) == REGISTRATIONS for result in ours.values()), ours
     assert len(set(ours[0]) | set(ours[1])) == 2 * REGISTRATIONS
+
+
+def test_a_prefix_half_torn_down_below_one_half_set_up_is_passed_over_where_streamings_collides(monkeypatch):
+    namespace = f'llmfx_test_{os.getpid()}'
+    monkeypatch.setattr(streaming_prefix, '_get_path', streaming_prefix._get_path)
+    monkeypatch.setattr(shm_prefix, '_get_path', shm_prefix._get_path)
+    in_a_namespace_of_its_own(namespace)
+    # prefix 0: a dataset tearing down (its locals gone, its barrier not yet); prefix 1: one setting up (locals only)
+    others = [SharedMemory(shm_prefix._get_path(prefix, name), True, 8) for prefix, name in ((0, BARRIER), (1, LOCALS))]
+    try:
+        with pytest.raises(FileExistsError, match=f'{namespace}_000001_locals'):
+            streaming_prefix.get_shm_prefix(['/data/mine'], [None], World(**ONE_PROCESS))
+        prefix, mine = shm_prefix.get_shm_prefix(['/data/mine'], [None], World(**ONE_PROCESS))
+        assert prefix == 2
+        mine.cleanup()
+    finally:
+        for shm in others:
+            shm.cleanup()
