@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from llmfoundry_ext.errors import CheckpointError, ConfigError
@@ -239,20 +239,42 @@ def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
 
 
 def read_yaml(yaml_path: str, overrides: list[str] = ()) -> dict:
-    """The YAML merged with the overrides, ``variables:`` resolved and dropped, as plain data."""
+    """The YAML (with the files it includes) merged with the overrides, ``variables:`` resolved and dropped, as plain
+    data."""
     if not os.path.isfile(yaml_path):
         raise ConfigError(f'{yaml_path}: no such YAML file')
     try:
-        merged = OmegaConf.merge(OmegaConf.load(yaml_path), parse_overrides(overrides))
+        merged = OmegaConf.merge(composed(os.path.normpath(yaml_path)), parse_overrides(overrides))
         raw = OmegaConf.to_container(merged, resolve=True)
-    except yaml.MarkedYAMLError as error:
-        raise ConfigError(yaml_error_line(yaml_path, error)) from None
     except OmegaConfBaseException as error:
         raise ConfigError(f'{yaml_path}: {first_line(error)}') from None
     if not isinstance(raw, dict):
         raise ConfigError(f'{yaml_path}: expected a mapping of keys at the top level')
     raw.pop('variables', None)
     return raw
+
+
+def composed(yaml_path: str, includers: tuple[str, ...] = ()):
+    """The YAML file over the files its ``include:`` lists (paths relative to it, each composed the same way), merged
+    in order: a later file's keys replace an earlier's, the file's own replace all (a list is replaced whole).
+    OmegaConf has no include of its own; the shipped YAMLs share yamls/common/ so."""
+    if yaml_path in includers:
+        raise ConfigError(f'{includers[0]}: the includes go round: {" -> ".join((*includers, yaml_path))}')
+    if not os.path.isfile(yaml_path):
+        raise ConfigError(f'{includers[-1]}: include {yaml_path}: no such YAML file')
+    try:
+        own = OmegaConf.load(yaml_path)
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(yaml_error_line(yaml_path, error)) from None
+    if not isinstance(own, DictConfig) or 'include' not in own:
+        return own
+    includes = own.pop('include')
+    if not isinstance(includes, ListConfig) or not all(isinstance(name, str) for name in includes):
+        raise ConfigError(f'{yaml_path}: include: expected a list of YAML paths relative to this file, '
+                          f'got {describe(includes)}')
+    folder = os.path.dirname(yaml_path)
+    return OmegaConf.merge(*(composed(os.path.normpath(os.path.join(folder, name)), (*includers, yaml_path))
+                             for name in includes), own)
 
 
 def yaml_error_line(path: str, error: yaml.MarkedYAMLError) -> str:

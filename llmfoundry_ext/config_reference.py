@@ -15,8 +15,13 @@ HEADER = """# Configuration reference
 Every key a run's YAML takes (or `key=value` on the command line), generated from the config classes by
 `python scripts/config_reference.py`: do not edit by hand. The model's architecture keys default to its `preset`'s
 values. Keys that hold a name and arguments (`optimizer`, `scheduler`, `callbacks`, `algorithms`, `loggers`) are
-listed in `llmfoundry_ext/registry.py`. A YAML may also hold `variables:`, values for `${variables.x}` that are
-resolved and then dropped.
+listed in `llmfoundry_ext/registry.py`. A YAML may also hold two keys of its own:
+
+- `variables:` values for `${variables.x}` anywhere in the run's YAML, resolved and then dropped.
+- `include: [a.yaml, ...]` YAML files (paths relative to this one) merged under it in order: a later file's keys
+  replace an earlier's and this file's replace all (a list is replaced whole). The shipped YAMLs include
+  `yamls/common/pretraining.yaml` and `yamls/common/frontier_mixture.yaml`; a run writes the merged result, every
+  key, to `config.yaml` in its checkpoint folder.
 """
 
 

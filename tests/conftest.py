@@ -184,12 +184,9 @@ def write_frontier_data_root(root, window: int, vocab: int, windows, tokenizer: 
     """Under ``root``: the train and val folders of the shipped YAMLs' six streams (``windows(i)`` random windows in
     the i-th) and tokenizer/``tokenizer`` (a small BPE with the special tokens the YAMLs name: Llama-3's by
     default)."""
-    from omegaconf import OmegaConf
-
     from data_prep.train_tokenizer import train_bpe
-    raw = OmegaConf.load(os.path.join(REPO, 'yamls', 'llama1b.yaml'))
-    raw.variables.data_root = str(root)
-    data = OmegaConf.to_container(raw, resolve=True)['data']
+    from llmfoundry_ext.config import read_yaml
+    data = read_yaml(os.path.join(REPO, 'yamls', 'llama1b.yaml'), [f'variables.data_root={root}'])['data']
     streams = [*data['train']['streams'].values(), *data['eval']['streams'].values()]
     for seed, stream in enumerate(streams):
         write_mds(stream['local'], random_windows(windows(seed), window, vocab, seed),

@@ -1,10 +1,13 @@
-"""The typed config: presets, overrides, and one clear line for each kind of inconsistent value."""
+"""The typed config: presets, overrides, includes, and one clear line for each kind of inconsistent value."""
+import dataclasses
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from llmfoundry_ext.config import load
+from llmfoundry_ext.config import TrainConfig, build, load, read_yaml
 from llmfoundry_ext.errors import ConfigError
 from tests.conftest import REPO, change, changes, config_error, write_yaml
 
@@ -21,6 +24,50 @@ def test_variables_are_resolved_and_dropped(tiny_config, tmp_path):
     tiny_config['variables'] = {'steps': 7}
     tiny_config['max_duration'] = '${variables.steps}ba'
     assert load(write_yaml(tiny_config, tmp_path / 'run.yaml')).max_duration == '7ba'
+
+
+def test_includes_merge_in_order_under_the_yaml_with_its_variables(tiny_config, tmp_path):
+    (tmp_path / 'common').mkdir()
+    write_yaml({'seed': 1, 'max_duration': '${variables.steps}ba', 'optimizer': {'name': 'adamw', 'lr': 0.5},
+                'model': {'fused_kernels': ['cross_entropy', 'rms_norm']}}, tmp_path / 'common' / 'a.yaml')
+    write_yaml({'include': ['b.yaml'], 'seed': 2}, tmp_path / 'common' / 'nested.yaml')  # relative to its own file
+    write_yaml({'seed': 3, 'eval_interval': '5ba'}, tmp_path / 'common' / 'b.yaml')
+    tiny_config.pop('optimizer', None), tiny_config.pop('max_duration')
+    tiny_config['model']['fused_kernels'] = ['rope']
+    run = write_yaml({**tiny_config, 'include': ['common/a.yaml', 'common/nested.yaml'], 'variables': {'steps': 7},
+                      'optimizer': {'name': 'adamw', 'lr': 0.01}}, tmp_path / 'run.yaml')
+    config = load(run, ['seed=4'])
+    assert (config.seed, config.max_duration, config.eval_interval) == (4, '7ba', '5ba')
+    assert config.optimizer == {'name': 'adamw', 'lr': 0.01}
+    assert config.model.fused_kernels == ['rope']  # a list is replaced whole
+    assert load(run).seed == 2  # the later include over the earlier, the includer over its include
+
+
+@pytest.mark.parametrize('files, message', [
+    ({'run.yaml': {'include': ['common.yaml']}}, "run.yaml: include {tmp}/common.yaml: no such YAML file"),
+    ({'run.yaml': {'include': 'common.yaml'}},
+     "run.yaml: include: expected a list of YAML paths relative to this file, got str 'common.yaml'"),
+    ({'run.yaml': {'include': ['a.yaml']}, 'a.yaml': {'include': ['run.yaml']}},
+     'run.yaml: the includes go round: {tmp}/run.yaml -> {tmp}/a.yaml -> {tmp}/run.yaml'),
+])
+def test_a_bad_include_is_one_line_naming_the_file(tmp_path, files, message):
+    for name, data in files.items():
+        write_yaml(data, tmp_path / name)
+    with pytest.raises(ConfigError) as caught:
+        load(str(tmp_path / 'run.yaml'))
+    assert str(caught.value) == f'{tmp_path}/' + message.format(tmp=tmp_path)
+
+
+with open(os.path.join(REPO, 'tests', 'shipped_yamls_resolved.json')) as stored:
+    SHIPPED_RESOLVED = json.load(stored)
+
+
+@pytest.mark.parametrize('name', sorted(SHIPPED_RESOLVED))
+def test_a_shipped_yaml_resolves_to_every_value_it_had_before_sharing_yamls_common(name):
+    """tests/shipped_yamls_resolved.json: each shipped YAML's every key (defaults filled, presets not yet), as the
+    YAMLs gave it before they included yamls/common/; a change to a shipped run's settings updates it on purpose."""
+    config = build(TrainConfig, read_yaml(os.path.join(REPO, 'yamls', name)), '')
+    assert json.loads(json.dumps(dataclasses.asdict(config), default=str)) == SHIPPED_RESOLVED[name]
 
 
 BAD_CONFIGS = [

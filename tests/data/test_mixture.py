@@ -4,8 +4,8 @@ import os
 import shutil
 
 import pytest
-from omegaconf import OmegaConf
 
+from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.data.dataloader import build_dataset
@@ -30,7 +30,7 @@ def test_shipped_yamls_validate_for_their_cluster(frontier_data_root, monkeypatc
     # there); the data here hold 16-token windows, so the shipped sequence length is read from the file
     yaml_path = os.path.join(REPO, 'yamls', yaml_name)
     config = prepare(yaml_path, [f'variables.data_root={frontier_data_root}', *ON_THE_CPU]).config
-    tokens_per_step = config.global_batch_size * OmegaConf.load(yaml_path).max_seq_len
+    tokens_per_step = config.global_batch_size * read_yaml(yaml_path)['max_seq_len']
     assert tokens_per_step * int(config.max_duration.removesuffix('ba')) == pytest.approx(
         {'llama1b.yaml': 100e9, 'llama8b.yaml': 1e12, 'llama70b.yaml': 1.5e12, 'mlm1b.yaml': 100e9}[yaml_name],
         rel=1e-4)
