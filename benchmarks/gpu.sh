@@ -46,8 +46,8 @@
 #                                               tokens, LOCAL samples per GPU a step (default 4, the YAML's) in
 #                                               micro-batches of 1, no AC: ours beside transformers'
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
-#   bash benchmarks/gpu.sh bench ARGS           scripts/benchmark.py ARGS on the GPUs present
-#   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/bench_learning.py: 1B (llama1b.yaml untied, local batch 2) on
+#   bash benchmarks/gpu.sh bench ARGS           scripts/measure_speed.py ARGS on the GPUs present
+#   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/measure_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
 #                                               liger eager titan-again; shipped: the YAML's auto settings) on each
 #                                               of SEEDS ("1 2"; hf on the first only); STEPS (500) steps;
@@ -62,7 +62,7 @@
 #                                               batch), both from SEED's (1) shared weights on the same tokens
 #                                               (CORPUS_MB, here 16: the one-GPU references' since 53d922a); their
 #                                               windows side by side (--versus ours-2gpu:ours)
-#   bash benchmarks/gpu.sh downstream [ARGS]    one GPU: scripts/bench_downstream.py (1B trained 200 batches on the
+#   bash benchmarks/gpu.sh downstream [ARGS]    one GPU: scripts/measure_downstream.py (1B trained 200 batches on the
 #                                               learning corpus, a 1,000-question HellaSwag-like task scored in the
 #                                               loop every 100, then by the harness's HF backend on the to-hf export).
 #                                               .whl must hold lm_eval 0.4.13 and what it needs: device-wheels.sh
@@ -75,7 +75,7 @@
 #                                               metrics beside the 1-GPU run's, its seconds (--batches 200 --interval
 #                                               100 by default); the 2-GPU run's last checkpoint scored again in one
 #                                               process (--rescore): the same weights' metrics
-#   bash benchmarks/gpu.sh generation [ARGS]   one GPU: scripts/bench_generation.py (1B architecture, fresh weights: a
+#   bash benchmarks/gpu.sh generation [ARGS]   one GPU: scripts/measure_generation.py (1B architecture, fresh weights: a
 #                                               500-question GSM8K-like task, 4-shot, 64 tokens, ours beside the
 #                                               harness's HF backend in fp32 and bf16; the same wheels as downstream)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
@@ -137,7 +137,7 @@ hsdp() {  # the 1B on the GPUs present, the same 20 batches (2 samples a GPU) fr
   # a GPU (replicate_degree=GPUS) stopped after 10 batches with a checkpoint and resumed; losses and tokens/s a batch
   local data=/tmp/shipped/data root=/tmp/hsdp run
   [ -d $data ] || data_root $data
-  python3 -c "from llmfoundry_ext.bench.learning import write_shared_init as w; \
+  python3 -c "from llmfoundry_ext.measure.learning import write_shared_init as w; \
 w('yamls/llama1b.yaml', 17, '$root/init', ['variables.data_root=$data'])" || return 1
   local common=(composer train.py yamls/llama1b.yaml "variables.data_root=$data" "global_batch_size=$((2 * GPUS))"
     device_microbatch_size=2 max_duration=20ba log_interval=1ba eval_interval=20ba eval_subset_num_batches=2
@@ -246,7 +246,7 @@ learning_name() {  # seeds rows...: the file name (no extension) of a learning c
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
   local seeds=$1 rows=() row name=$(learning_name "$@"); shift
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
-  python3 scripts/bench_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf \
+  python3 scripts/measure_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf \
     --work "${LEARNING_WORK:-/tmp/learning}" --corpus-mb "${CORPUS_MB:-40}" \
     --gpus "${LEARNING_GPUS:-1}" \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
@@ -260,7 +260,7 @@ learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run
   CUDA_VISIBLE_DEVICES=0 LEARNING_WORK=/tmp/learning-a learning "$seeds" "$a" | sed 's/^/[a] /' &
   CUDA_VISIBLE_DEVICES=1 LEARNING_WORK=/tmp/learning-b learning "$seeds" "$b" | sed 's/^/[b] /' &
   wait
-  python3 scripts/bench_learning.py --report "$OUT/$(learning_name "$seeds" "$a").json" \
+  python3 scripts/measure_learning.py --report "$OUT/$(learning_name "$seeds" "$a").json" \
     "$OUT/$(learning_name "$seeds" "$b").json" --versus "${LEARN[$a]%% *}:${LEARN[$b]%% *}" \
     --json "$OUT/$(learning_name "$seeds" "$a" "$b").json" | tee "$OUT/$(learning_name "$seeds" "$a" "$b").log"
 }
@@ -277,13 +277,13 @@ bench_8b() {  # modes (none selective full float8): the 8B as shipped beside tor
     done
   done
   local modes="$*"
-  python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
+  python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-8b-${modes// /-}.json" "${rows[@]}"
 }
 
-gpu_lane() {  # name gpu rows...: scripts/benchmark.py's rows on that one GPU (3 warm-up, 8 timed steps), beside
+gpu_lane() {  # name gpu rows...: scripts/measure_speed.py's rows on that one GPU (3 warm-up, 8 timed steps), beside
   # another lane on another GPU; $OUT/NAME-gpuGPU.json and .log
   local name=$1 gpu=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpu python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 8 \
+  CUDA_VISIBLE_DEVICES=$gpu python3 scripts/measure_speed.py --gpus 1 --warmup 3 --steps 8 \
     --json "$OUT/$name-gpu$gpu.json" "$@" 2>&1 | grep -v Warning > "$OUT/$name-gpu$gpu.log"
 }
 
@@ -309,7 +309,7 @@ case "${1:-}" in
   hsdp) hsdp ;;
   bench-1b)
     Y=yamls/llama1b.yaml
-    python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
+    python3 scripts/measure_speed.py --gpus 1 --warmup 5 --steps 10 --json "${2:-$OUT/bench-1b.json}" \
       --row "ours-b2 $Y global_batch_size=2 device_microbatch_size=2" --row "titan-b2 torchtitan:compile FLAVOR=1B LBS=2" \
       --row "ours-b4 $Y global_batch_size=4" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
       --row "hf hf:$Y global_batch_size=1 device_microbatch_size=1" \
@@ -324,7 +324,7 @@ case "${1:-}" in
              --row "titan-b2-$i torchtitan:compile FLAVOR=1B LBS=2" --row "ours-b4-$i $Y global_batch_size=4"
              --row "titan-b4-$i torchtitan:compile FLAVOR=1B LBS=4" --versus "ours-b4-$i:titan-b4-$i")
     done
-    python3 scripts/benchmark.py --gpus 1 --warmup 5 --steps 15 --json "$OUT/speed-1b.json" "${rows[@]}" ;;
+    python3 scripts/measure_speed.py --gpus 1 --warmup 5 --steps 15 --json "$OUT/speed-1b.json" "${rows[@]}" ;;
   plan-1b)  # [settings|versus] one GPU, 1B, 8 samples a step: the run plan's predictions beside the measured peak
     # memory and tokens/s. settings: eight explicit settings (fit_check=false: those predicted not to fit run too);
     # versus: the shipped YAML's auto choice beside torchtitan compile (its default, bf16) at local batch 4, twice
@@ -343,7 +343,7 @@ case "${1:-}" in
                --versus "shipped-$i:titan-$i")
       done
     fi
-    python3 scripts/benchmark.py --gpus 1 --warmup 3 --steps 5 --json "$OUT/plan-1b-$part.json" "${rows[@]}" ;;
+    python3 scripts/measure_speed.py --gpus 1 --warmup 3 --steps 5 --json "$OUT/plan-1b-$part.json" "${rows[@]}" ;;
   plan-8b)  # [settings|versus] the GPUs present (2), 8B, 2 samples a GPU a step: as plan-1b. settings: eight explicit
     # settings (PLAN_ROWS="1 2 3 4": those of them alone, as two calls' worth); versus: llama8b.yaml as shipped (auto)
     # at 1 sample a GPU beside torchtitan compile (bf16, LBS 1), twice
@@ -364,7 +364,7 @@ case "${1:-}" in
                --row "titan-$i torchtitan:compile FLAVOR=8B LBS=1" --versus "shipped-$i:titan-$i")
       done
     fi
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 3 --steps 4 --json "$OUT/plan-8b-$part.json" "${rows[@]}" ;;
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 4 --json "$OUT/plan-8b-$part.json" "${rows[@]}" ;;
   syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
     composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
       --steps 1 --syncs 2>&1 | grep -v Warning | tail -30 ;;
@@ -375,7 +375,7 @@ case "${1:-}" in
   float8-8b)  # llama8b.yaml as shipped (auto) at 2 samples a GPU beside torchtitan fp8 at LBS 2, twice, and at LBS 1;
     # the bf16 row of bench-8b (none) beside torchtitan compile, between them
     Y=yamls/llama8b.yaml
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/float8-8b.json" \
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/float8-8b.json" \
       --row "shipped-1 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-1 torchtitan:fp8 FLAVOR=8B LBS=2" \
       --row "ours-bf16 $Y global_batch_size=$GPUS ${OURS[none]}" --row "titan-compile torchtitan:compile FLAVOR=8B LBS=1" \
       --row "shipped-2 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-2 torchtitan:fp8 FLAVOR=8B LBS=2" \
@@ -407,21 +407,21 @@ case "${1:-}" in
   bench-8b) shift; bench_8b "${@:-none selective full float8}" ;;
   bench-mixtral)
     M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
-  bench) shift; python3 scripts/benchmark.py --gpus "$GPUS" "$@" ;;
+  bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   learning-split) shift; learning_split "$@" ;;
   learning-2gpu)
     seed=${2:-1}
     export SHARED_INIT=ours CORPUS_MB=${CORPUS_MB:-16}
     learning "$seed" ours && LEARNING_GPUS=2 learning "$seed" ours-2gpu || exit 1
-    python3 scripts/bench_learning.py --report "$OUT/$(learning_name "$seed" ours).json" \
+    python3 scripts/measure_learning.py --report "$OUT/$(learning_name "$seed" ours).json" \
       "$OUT/$(learning_name "$seed" ours-2gpu).json" --versus ours-2gpu:ours \
       --json "$OUT/$(learning_name "$seed" 1gpu 2gpu).json" ;;
   downstream)
     shift
-    TORCH_LOGS=recompiles python3 scripts/bench_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |
+    TORCH_LOGS=recompiles python3 scripts/measure_downstream.py --json "$OUT/downstream.json" "$@" 2>&1 | tee "$OUT/downstream.log" |
       grep -v -E "$HARNESS_NOISE"
     for run in /tmp/bench_downstream/run-*gpu; do cp "$run/train.log" "$OUT/downstream-$(basename "$run")-train.log"; done ;;
   downstream-2gpu)  # in-loop only (no HF backend): on 1 GPU, then on 2 with the same global batch, metrics beside
@@ -429,18 +429,18 @@ case "${1:-}" in
     for n in 1 2; do
       second=()
       [ "$n" = 2 ] && second=(--against "$OUT/downstream-1gpu.json" --rescore)
-      python3 scripts/bench_downstream.py --gpus "$n" "${second[@]}" --json "$OUT/downstream-${n}gpu.json" "$@" \
+      python3 scripts/measure_downstream.py --gpus "$n" "${second[@]}" --json "$OUT/downstream-${n}gpu.json" "$@" \
         --hf-batch-sizes 2>&1 | tee "$OUT/downstream-${n}gpu.log" | grep -v -E "$HARNESS_NOISE"
       cp "/tmp/bench_downstream/run-${n}gpu/train.log" "$OUT/downstream-${n}gpu-train.log"
     done ;;
   generation)
     shift
-    python3 scripts/bench_generation.py --json "$OUT/generation.json" "$@" 2>&1 | tee "$OUT/generation.log" |
+    python3 scripts/measure_generation.py --json "$OUT/generation.json" "$@" 2>&1 | tee "$OUT/generation.log" |
       grep -v -E "$HARNESS_NOISE|Running generate_until" ;;
   attention)
-    timeout 60 python3 scripts/bench_step_parts.py --preset 8b --tokens 8192 --parts attention \
+    timeout 60 python3 scripts/measure_step_parts.py --preset 8b --tokens 8192 --parts attention \
       --json "$OUT/attention-8192.json"
-    timeout 120 torchrun --nproc_per_node "$GPUS" scripts/bench_step_parts.py --preset 8b --tokens 131072 \
+    timeout 120 torchrun --nproc_per_node "$GPUS" scripts/measure_step_parts.py --preset 8b --tokens 131072 \
       --parts attention --json "$OUT/attention-131072-cp$GPUS.json" ;;
   profile-long)  # OURS_ONLY=1: ours alone. NCCL's transports (INIT logs) are listed: a slow path shows there
     shift
@@ -465,11 +465,11 @@ case "${1:-}" in
                      [titan]="titan torchtitan:compile_full $T" [titan-sac]="titan-sac torchtitan:compile_sac $T")
     rows=()
     for row in ${*:-ours ours-full titan titan-sac}; do rows+=(--row "${LONG[$row]}"); done
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/bench-long-$(IFS=-; echo "${*:-all}").json" \
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/bench-long-$(IFS=-; echo "${*:-all}").json" \
       "${rows[@]}" --versus ours:titan --versus ours-full:titan --versus ours:titan-sac ;;
   long-table)
     Y="yamls/llama8b-131k.yaml variables.init_from=null"
-    python3 scripts/benchmark.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 2 --steps 4 --json "$OUT/long-table.json" \
       --row "8k-cp1 $Y max_seq_len=8192 parallelism.context_parallel_degree=1 global_batch_size=$GPUS" \
       --row "8k-cp2 $Y max_seq_len=8192 global_batch_size=$((GPUS / 2))" \
       --row "32k-cp1 $Y max_seq_len=32768 parallelism.context_parallel_degree=1 global_batch_size=$GPUS" \

@@ -229,7 +229,7 @@ def start_worker(environment: dict[str, str], threads: int) -> None:
     """The caller's environment, and ``threads`` Rust-side threads for ``tokenizers`` (its pool starts at the
     first batch encode). Parallelism stays on with one thread too: with it off, tokenizers 0.22's
     ``encode_batch_fast`` runs 1.7x slower on one core (483k against 808k tokens/s, same ids; measured for
-    scripts/bench_data_prep.py)."""
+    scripts/measure_data_prep.py)."""
     os.environ.clear()
     os.environ.update(environment)
     os.environ['RAYON_NUM_THREADS'] = str(threads)

@@ -144,12 +144,12 @@ def write_tokenizer_config(folder: str) -> None:
 
 def write_held_out_task(work: str, data: dict, roots: list[str], questions: int, name: str,
                         max_chars: int = 400) -> dict:
-    """The downstream benchmark's task (``scripts/bench_downstream.py``): next-line questions over the source pieces
+    """The downstream benchmark's task (``scripts/measure_downstream.py``): next-line questions over the source pieces
     the learning benchmark's corpus (``data``, made of ``roots``) left out, of at most ``max_chars`` (code has lines
     of data thousands long) and whose every choice adds tokens to the context as the harness splits them (its HF
     backend asserts on an empty continuation), as ``<work>/tasks/<name>.yaml``; the tokenizer's
     ``tokenizer_config.json`` beside it. Returns the YAML's path and the questions' lengths in tokens."""
-    from llmfoundry_ext.bench.learning import held_out_pieces
+    from llmfoundry_ext.measure.learning import held_out_pieces
     from llmfoundry_ext.downstream import harness_tokenizer
 
     write_tokenizer_config(data['tokenizer'])

@@ -6,7 +6,7 @@ it with the same command until it finishes, and check each rank's losses and sam
 import argparse
 import sys
 
-from llmfoundry_ext.bench.chaos import trials_command
+from llmfoundry_ext.measure.chaos import trials_command
 
 
 def main(argv: list[str]) -> int:

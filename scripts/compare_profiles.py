@@ -6,13 +6,13 @@ Each trace is a torch.profiler Chrome trace whose profiled steps are ProfilerSte
 scripts/profile_run.py, or torchtitan's (its [profiling] traces, profile_traces/iteration_N/rank0_trace.json).
 --kernels N also lists each trace's N kernels with the most time per step, --gaps N its N longest idle stretches
 (the GPU waiting on the host: a sync, a slow launch) with the kernels either side. --timelines DIR writes each
-trace's GPU work alone to DIR/NAME.timeline.json.gz (kernel, stream, start, duration: llmfoundry_ext.bench.profiling.
+trace's GPU work alone to DIR/NAME.timeline.json.gz (kernel, stream, start, duration: llmfoundry_ext.measure.profiling.
 write_timeline), small enough to bring back from a GPU machine and line up ranks' kernels.
 """
 import argparse
 import sys
 
-from llmfoundry_ext.bench.trace_report import compare_report
+from llmfoundry_ext.measure.trace_report import compare_report
 
 
 def main(argv: list[str]) -> int:

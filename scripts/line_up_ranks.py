@@ -10,7 +10,7 @@ around the --index-th kernel whose name contains --around in the first one, on t
 import argparse
 import sys
 
-from llmfoundry_ext.bench.trace_report import line_up_report
+from llmfoundry_ext.measure.trace_report import line_up_report
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,7 @@
 """
 import sys
 
-from llmfoundry_ext.bench.plotting import plot_run
+from llmfoundry_ext.measure.plotting import plot_run
 
 
 def main(argv: list[str]) -> int:

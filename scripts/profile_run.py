@@ -4,7 +4,7 @@
       [--warmup 3] [--steps 3] [--trace trace.json] [--json table.json] [--syncs] [--python] [--model hf]
 
 The run's data is replaced by random tokens (the model, parallelism and precision are the YAML's; --model hf or
-hf-loop trains transformers' model of that shape instead, as scripts/benchmark.py's hf: rows do). Writes a
+hf-loop trains transformers' model of that shape instead, as scripts/measure_speed.py's hf: rows do). Writes a
 Chrome/Perfetto trace per rank (rank 0's at --trace, rank R's at its stem.rankR.json; open in ui.perfetto.dev)
 and prints rank 0's category table (GPU kernels on a GPU, CPU operators otherwise); --syncs also lists where the
 last warm-up batch made the host wait for the GPU.
@@ -14,8 +14,8 @@ module for every script there.) Launch with `composer -n N scripts/profile_run.p
 import argparse
 import sys
 
-from llmfoundry_ext.bench.benchmark import HF_EXPERTS
-from llmfoundry_ext.bench.profile_run import profile_run
+from llmfoundry_ext.measure.benchmark import HF_EXPERTS
+from llmfoundry_ext.measure.profile_run import profile_run
 
 
 def main(argv: list[str]) -> int:

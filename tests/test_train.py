@@ -1,5 +1,5 @@
 """Training end to end: order-change warnings, eval, Mixtral's logged loss parts, masked LM, the parallel layout of a
-launch (kill -9 and autoresume: tests/bench/test_chaos.py)."""
+launch (kill -9 and autoresume: tests/measure/test_chaos.py)."""
 import math
 import os
 import subprocess
@@ -60,11 +60,11 @@ def test_the_allocator_is_set_up_before_torch_is_imported(trainer_import):
 
 
 def test_a_training_run_imports_none_of_the_tools(trainer_import):
-    """What ``train.py`` imports holds no module of ``llmfoundry_ext.bench`` (the benchmarks, profiler, chaos trials,
+    """What ``train.py`` imports holds no module of ``llmfoundry_ext.measure`` (the benchmarks, profiler, chaos trials,
     demo) and nothing of data_prep."""
     loaded = [name for name in trainer_import['modules'] if name.startswith(('llmfoundry_ext', 'data_prep'))]
     assert len(loaded) > 30 and 'llmfoundry_ext.trainer' in loaded
-    assert [name for name in loaded if name.startswith(('llmfoundry_ext.bench', 'data_prep'))] == []
+    assert [name for name in loaded if name.startswith(('llmfoundry_ext.measure', 'data_prep'))] == []
 
 
 def test_eval_logs_loss_and_perplexity(tiny_config, tmp_path):

@@ -77,7 +77,7 @@ def test_gpu_metrics_reach_tensorboard(tiny_config, tmp_path):
 def test_a_training_batch_never_makes_the_host_wait_for_the_gpu(tiny_config, tmp_path):
     """The shipped callbacks, console line and TensorBoard: no read-back of the loss, the counts, the FLOPs or the
     batch size (Composer's ``_train_microbatches`` read it back before the forward)."""
-    from llmfoundry_ext.bench.profiling import SyncReport
+    from llmfoundry_ext.measure.profiling import SyncReport
 
     tiny_config.update(precision='amp_bf16', max_duration='6ba', log_interval='10ba', callbacks={
         'speed_monitor': {'window_size': 2}, 'lr_monitor': {}, 'memory_monitor': {}, 'runtime_estimator': {},

@@ -14,7 +14,7 @@ FUSED_KERNELS = ('cross_entropy', 'rms_norm', 'swiglu', 'rope')
 # liger's fused cross-entropy holds at most this many times the hidden states' size of logits at a time. Its
 # default, 1, cuts 8,192 tokens of the 8B (4,096 wide, 128,256 words) into 32 chunks of 256, whose weight-gradient
 # updates and narrow GEMMs cost 64.8 ms per micro-batch on an H100; 8 (chunks of 2,048, 0.4 GiB more) cost 41.5 ms,
-# against 38.8 ms for the whole logits and a compiled loss at 2.4 GiB more (scripts/bench_step_parts.py).
+# against 38.8 ms for the whole logits and a compiled loss at 2.4 GiB more (scripts/measure_step_parts.py).
 CROSS_ENTROPY_CHUNK_MEMORY = 8
 LIGER_MINIMUM = (0, 8, 3)  # the first with chunk_mem_const
 

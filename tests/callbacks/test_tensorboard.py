@@ -1,5 +1,5 @@
 """TensorBoard holds the logged loss tensors until its flush and writes each at its own step."""
-from llmfoundry_ext.bench.plotting import read_scalars
+from llmfoundry_ext.measure.plotting import read_scalars
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import logged_history, train
 from tests.conftest import write_yaml

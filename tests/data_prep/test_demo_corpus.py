@@ -6,7 +6,7 @@ import os
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from data_prep.demo_corpus import next_line_questions, write_demo_task, write_held_out_task
-from llmfoundry_ext.bench.learning import held_out_pieces, write_corpus
+from llmfoundry_ext.measure.learning import held_out_pieces, write_corpus
 from llmfoundry_ext.downstream import load_tasks
 
 DOCUMENTS = ['\n'.join(f'value_{d}_{i} = {i} * {d}' for i in range(6 + d % 3)) for d in range(20)]

@@ -1,6 +1,6 @@
 """Benchmark training throughput of YAML runs beside transformers' Llama and torchtitan, on the same machine.
 
-  python scripts/benchmark.py --gpus 2 --warmup 5 --steps 10 --json bench.json \\
+  python scripts/measure_speed.py --gpus 2 --warmup 5 --steps 10 --json bench.json \\
       --row 'ours-8b yamls/llama8b.yaml global_batch_size=2' \\
       --row 'titan-8b torchtitan:compile FLAVOR=8B LBS=1' \\
       --row 'hf hf:yamls/llama1b.yaml global_batch_size=1 device_microbatch_size=1' \\
@@ -17,7 +17,7 @@ first), each --versus pair's ratio, and writes them all as JSON.
 import argparse
 import sys
 
-from llmfoundry_ext.bench.benchmark import run_rows, work
+from llmfoundry_ext.measure.benchmark import run_rows, work
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from llmfoundry_ext.bench import REPO
+from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.launch import LAUNCHER

@@ -1,7 +1,7 @@
 """Random-token data for benchmarks and profiles."""
 import numpy as np
 
-from llmfoundry_ext.bench.synthetic import random_windows
+from llmfoundry_ext.measure.synthetic import random_windows
 
 
 def test_synthetic_documents_have_the_asked_mean_length_and_no_stray_eos():

@@ -4,10 +4,10 @@ import stat
 import sys
 import time
 
-from llmfoundry_ext.bench import benchmark
-from llmfoundry_ext.bench.benchmark import Row
-from llmfoundry_ext.bench.gpu_clocks import GpuSampler, format_clocks
-from tests.bench.test_benchmark import FAKE_TORCHTITAN
+from llmfoundry_ext.measure import benchmark
+from llmfoundry_ext.measure.benchmark import Row
+from llmfoundry_ext.measure.gpu_clocks import GpuSampler, format_clocks
+from tests.measure.test_benchmark import FAKE_TORCHTITAN
 
 LINES = ['0, 345, 70.10, 31, 0',        # idle before the run: not counted
          '0, 1980, 690.50, 58, 100', '0, 1755, 700.00, 66, 97', '1, 1830, 640.00, 71, 100',

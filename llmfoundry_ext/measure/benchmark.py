@@ -32,9 +32,9 @@ from composer.models import ComposerModel
 from composer.utils import dist
 
 from llmfoundry_ext import preflight
-from llmfoundry_ext.bench import REPO
-from llmfoundry_ext.bench.gpu_clocks import GpuSampler, format_clocks
-from llmfoundry_ext.bench.synthetic import synthetic_run_yaml
+from llmfoundry_ext.measure import REPO
+from llmfoundry_ext.measure.gpu_clocks import GpuSampler, format_clocks
+from llmfoundry_ext.measure.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
@@ -210,7 +210,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
 
 def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
     """One row in its own processes: its figures, or the error it ended with. ``prepare_yaml(row, folder)`` writes
-    an ours or hf row's run YAML into ``folder`` and returns its path; ``script`` is scripts/benchmark.py (its
+    an ours or hf row's run YAML into ``folder`` and returns its path; ``script`` is scripts/measure_speed.py (its
     ``--worker`` mode trains the row). The GPUs' clocks and power while it trains join its figures (``gpu_clocks``)."""
     os.makedirs(folder)
     with GpuSampler() as sampler:
@@ -339,11 +339,11 @@ def format_comparisons(compared: list[dict]) -> str:
     return '\n'.join(f"{c['ours']:<26} / {c['theirs']:<26} {optional(c['ratio'], '{:.3f}x'):>8}" for c in compared)
 
 
-SCRIPT = os.path.join(REPO, 'scripts', 'benchmark.py')  # each row runs it again, under composer -n GPUS (--worker)
+SCRIPT = os.path.join(REPO, 'scripts', 'measure_speed.py')  # each row runs it again, under composer -n GPUS (--worker)
 
 
 def run_rows(args) -> int:
-    """``scripts/benchmark.py``'s arguments -> each row in its own process, the table, the ratios, JSON; 1 if a row
+    """``scripts/measure_speed.py``'s arguments -> each row in its own process, the table, the ratios, JSON; 1 if a row
     failed."""
     rows = [Row.parse(text) for text in args.row]
     synthetic = functools.partial(prepare, warmup=args.warmup, steps=args.steps,

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from llmfoundry_ext.bench.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace,
+from llmfoundry_ext.measure.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace,
                                             top_kernels, write_timeline)
 from tests.conftest import FORKED, REPO
 

@@ -1,4 +1,4 @@
-"""Data-prep throughput end to end (``scripts/bench_data_prep.py``: the rows are described there): ours,
+"""Data-prep throughput end to end (``scripts/measure_data_prep.py``: the rows are described there): ours,
 datatrove and an llm-foundry-style converter on the same files, tokenizer and cores."""
 import glob
 import json
@@ -12,7 +12,7 @@ import time
 from data_prep.train_tokenizer import EOS, train_bpe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, 'scripts', 'bench_data_prep.py')  # each row runs it again, in a process of its own
+SCRIPT = os.path.join(ROOT, 'scripts', 'measure_data_prep.py')  # each row runs it again, in a process of its own
 
 INPUT_FILES = 32
 VOCAB = 128_000

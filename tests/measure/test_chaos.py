@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from llmfoundry_ext.bench.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
+from llmfoundry_ext.measure.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
 from tests.conftest import keep_checkpoints_up_to, train_runs

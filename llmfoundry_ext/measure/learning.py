@@ -29,8 +29,8 @@ import torch
 from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.bench import REPO
-from llmfoundry_ext.bench.benchmark import Row, run_row
+from llmfoundry_ext.measure import REPO
+from llmfoundry_ext.measure.benchmark import Row, run_row
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.weights import save_hf
@@ -224,7 +224,7 @@ def format_windows(summary: dict, width: int) -> str:
     return '\n'.join(lines)
 
 
-BENCHMARK_SCRIPT = os.path.join(REPO, 'scripts', 'benchmark.py')  # its --worker mode trains an ours or hf row
+BENCHMARK_SCRIPT = os.path.join(REPO, 'scripts', 'measure_speed.py')  # its --worker mode trains an ours or hf row
 
 
 @dataclass
@@ -357,7 +357,7 @@ def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], vers
 
 
 def report_command(args) -> int:
-    """``scripts/bench_learning.py --report``: the saved runs merged, printed and written; 1 if a verdict fails."""
+    """``scripts/measure_learning.py --report``: the saved runs merged, printed and written; 1 if a verdict fails."""
     report = merge_reports(args.report, args.versus, args.rename)
     print_report(report)
     if args.json:
@@ -367,7 +367,7 @@ def report_command(args) -> int:
 
 
 def train_command(args) -> int:
-    """``scripts/bench_learning.py --row ...``: the corpus, then every row on every seed; 1 if a verdict fails."""
+    """``scripts/measure_learning.py --row ...``: the corpus, then every row on every seed; 1 if a verdict fails."""
     plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
                 Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus,
                 args.shared_init and Row.parse(args.shared_init))

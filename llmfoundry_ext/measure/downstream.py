@@ -1,4 +1,4 @@
-"""Downstream evaluation's cost (``scripts/bench_downstream.py``): ours trains on one GPU or more with the task
+"""Downstream evaluation's cost (``scripts/measure_downstream.py``): ours trains on one GPU or more with the task
 scored in the loop, its last checkpoint is exported with to-hf and lm-evaluation-harness's HF backend scores the same
 task; each evaluation's seconds, the metrics and how far the two backends' log-likelihoods differ, and (``--against``)
 how far each evaluation's metrics are from another run's (the same benchmark on another number of GPUs). Every run
@@ -12,9 +12,9 @@ import subprocess
 import sys
 import time
 
-from llmfoundry_ext.bench.benchmark import Row
-from llmfoundry_ext.bench import REPO
-from llmfoundry_ext.bench.learning import Hyper, our_run_yaml, write_shared_init
+from llmfoundry_ext.measure.benchmark import Row
+from llmfoundry_ext.measure import REPO
+from llmfoundry_ext.measure.learning import Hyper, our_run_yaml, write_shared_init
 from llmfoundry_ext.downstream import HarnessModel, load_tasks, metrics_of, model_from_weights, run_tasks
 from llmfoundry_ext.launch import LAUNCHER
 

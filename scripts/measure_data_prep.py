@@ -1,7 +1,7 @@
 """Data-prep throughput end to end: ours, datatrove and an llm-foundry-style converter on the same files, the same
 tokenizer and the same cores.
 
-  python scripts/bench_data_prep.py [--megabytes 100 25] [--repeats 3] [--datatrove-path DIR] [--json out.json]
+  python scripts/measure_data_prep.py [--megabytes 100 25] [--repeats 3] [--datatrove-path DIR] [--json out.json]
 
 Input: Python source files under --corpus-root (default: this Python's site-packages), one document each, the first
 --megabytes of them in path order, as 32 jsonl files; a 128k byte-level BPE (Llama 3's size) trained here on the
@@ -27,7 +27,7 @@ import sysconfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from data_prep.bench import run, run_row  # noqa: E402
+from data_prep.throughput import run, run_row  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -1,11 +1,11 @@
 """The learning benchmark: ours beside torchtitan and transformers' Llama on the same tokens of a real text.
 
-  python scripts/bench_learning.py --steps 500 --seeds 1 2 --json learning.json --versus ours:torchtitan \\
+  python scripts/measure_learning.py --steps 500 --seeds 1 2 --json learning.json --versus ours:torchtitan \\
       --row 'ours yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false' \\
       --row 'torchtitan torchtitan:compile FLAVOR=1B LBS=2' \\
       --row 'hf hf:yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false' --single-seed hf
 
-Rows as scripts/benchmark.py's. Every row trains --steps steps with AdamW (lr --lr, betas 0.9/0.95, weight decay
+Rows as scripts/measure_speed.py's. Every row trains --steps steps with AdamW (lr --lr, betas 0.9/0.95, weight decay
 0.1), --warmup steps of linear warm-up then a linear decay to 0, clipping at 1.0, on the same documents in the same
 order: Python source of this machine's installed packages (--corpus-mb), torchtitan's test tokenizer (bash
 ../shared/anchors/prepare.sh). Prints each row's mean loss per --window steps (mean over seeds, their range) and,
@@ -15,7 +15,7 @@ import argparse
 import site
 import sys
 
-from llmfoundry_ext.bench.learning import report_command, train_command
+from llmfoundry_ext.measure.learning import report_command, train_command
 
 
 def main(argv: list[str]) -> int:

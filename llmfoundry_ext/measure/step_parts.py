@@ -1,4 +1,4 @@
-"""GPU time of parts of the training step for a preset's shapes (``scripts/bench_step_parts.py``: what each part
+"""GPU time of parts of the training step for a preset's shapes (``scripts/measure_step_parts.py``: what each part
 measures is there)."""
 import json
 import os

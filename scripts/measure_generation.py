@@ -2,17 +2,17 @@
 HF backend on the same weights and the same few-shot requests of a local GSM8K-like task (pip install
 'llmfoundry_ext[eval]'; torchtitan's test tokenizer: bash ../shared/anchors/prepare.sh).
 
-  python scripts/bench_generation.py --questions 500 --shots 4 --max-gen-toks 64 --dtypes float32 bfloat16 \\
+  python scripts/measure_generation.py --questions 500 --shots 4 --max-gen-toks 64 --dtypes float32 bfloat16 \\
       --generation-rows 128 --hf-batch-sizes 64 128 --json generation.json
 
 Prints each row's seconds and exact_match, then each HF row beside ours of the same dtype: how much faster ours is,
-and how many questions' generated texts differ (llmfoundry_ext/bench/generation.py says what the weights are).
+and how many questions' generated texts differ (llmfoundry_ext/measure/generation.py says what the weights are).
 """
 import argparse
 import json
 import sys
 
-from llmfoundry_ext.bench.generation import run
+from llmfoundry_ext.measure.generation import run
 from llmfoundry_ext.config import DownstreamConfig
 
 

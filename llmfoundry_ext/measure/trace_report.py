@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from llmfoundry_ext.bench.profiling import (collective_stats, compare_traces, format_comparison, interleave,
+from llmfoundry_ext.measure.profiling import (collective_stats, compare_traces, format_comparison, interleave,
                                             read_timeline, read_trace, top_kernels, write_timeline)
 
 

@@ -1,4 +1,4 @@
-"""Generation's cost (``scripts/bench_generation.py``): ours (``HarnessModel.generate_until``: greedy, a KV cache,
+"""Generation's cost (``scripts/measure_generation.py``): ours (``HarnessModel.generate_until``: greedy, a KV cache,
 contexts batched by length) beside lm-evaluation-harness's HF backend (``HFLM``, transformers' ``generate``) on the
 same weights and the same requests: a local GSM8K-like task, few-shot, scored by the harness (exact_match after its
 regex filter). Both run through the same ``run_tasks`` (the harness's ``evaluate``), timed from its start to its
@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from llmfoundry_ext.bench.learning import BOS, EOS, TORCHTITAN_TOKENIZER, write_tokenizer
+from llmfoundry_ext.measure.learning import BOS, EOS, TORCHTITAN_TOKENIZER, write_tokenizer
 from llmfoundry_ext.downstream import HarnessModel, load_tasks, metrics_of, model_from_weights, run_tasks
 from llmfoundry_ext.model.llama import PRESETS, Transformer
 from llmfoundry_ext.weights import save_hf

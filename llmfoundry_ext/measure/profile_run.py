@@ -9,9 +9,9 @@ import tempfile
 
 from composer.utils import dist, get_device
 
-from llmfoundry_ext.bench.benchmark import HF_EXPERTS, HFCausalLM
-from llmfoundry_ext.bench.profiling import ProfileSteps, SyncReport, category_table, format_table, self_times
-from llmfoundry_ext.bench.synthetic import synthetic_run_yaml
+from llmfoundry_ext.measure.benchmark import HF_EXPERTS, HFCausalLM
+from llmfoundry_ext.measure.profiling import ProfileSteps, SyncReport, category_table, format_table, self_times
+from llmfoundry_ext.measure.synthetic import synthetic_run_yaml
 from llmfoundry_ext.errors import ConfigError
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.train import train

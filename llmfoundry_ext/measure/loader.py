@@ -1,4 +1,4 @@
-"""The training loader's throughput (``scripts/bench_loader.py``: what it measures is there)."""
+"""The training loader's throughput (``scripts/measure_loader.py``: what it measures is there)."""
 import json
 import tempfile
 import time
@@ -28,7 +28,7 @@ def time_loader(folder: str, seq_len: int, batch_size: int, batches: int, worker
 
 
 def loader_rows(args) -> int:
-    """``scripts/bench_loader.py``'s arguments -> tokens/s of the loader at 0, 1 and 2 workers over random windows, a
+    """``scripts/measure_loader.py``'s arguments -> tokens/s of the loader at 0, 1 and 2 workers over random windows, a
     table and optionally JSON."""
     rng = np.random.default_rng(0)
     samples = args.batch_size * (args.batches + 10)

@@ -1,7 +1,7 @@
 """GPU time of parts of the training step, for a preset's shapes on one GPU (attention: on a ring of GPUs).
 
-  python scripts/bench_step_parts.py --preset 8b --tokens 8192 [--shards 2] [--json out.json]
-  torchrun --nproc_per_node 2 scripts/bench_step_parts.py --preset 8b --tokens 131072 --parts attention
+  python scripts/measure_step_parts.py --preset 8b --tokens 8192 [--shards 2] [--json out.json]
+  torchrun --nproc_per_node 2 scripts/measure_step_parts.py --preset 8b --tokens 131072 --parts attention
 
 loss: the output layer and cross-entropy, forward and backward, from bf16 hidden states and weight: liger's
 fused kernel at several ``chunk_mem_const`` (its transient logits are at most that many times the hidden
@@ -17,7 +17,7 @@ attention (forward 2·S²·H·D, backward 2.5x that); the kernel named is the on
 import argparse
 import sys
 
-from llmfoundry_ext.bench.step_parts import run
+from llmfoundry_ext.measure.step_parts import run
 from llmfoundry_ext.model.llama import PRESETS
 
 

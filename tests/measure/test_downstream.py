@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.bench.downstream import metric_differences, print_differences, print_report, run_yaml
+from llmfoundry_ext.measure.downstream import metric_differences, print_differences, print_report, run_yaml
 from llmfoundry_ext.config import load
 
 ACC = 'metrics/downstream/hellaswag_like/acc'

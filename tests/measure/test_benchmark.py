@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from llmfoundry_ext.bench import benchmark
-from llmfoundry_ext.bench.benchmark import Row, comparisons, format_comparisons, format_table
-from scripts.benchmark import main as benchmark_main
+from llmfoundry_ext.measure import benchmark
+from llmfoundry_ext.measure.benchmark import Row, comparisons, format_comparisons, format_table
+from scripts.measure_speed import main as benchmark_main
 from tests.conftest import FORKED
 
 
@@ -85,7 +85,7 @@ def test_torchtitan_rows_count_tokens_over_the_timed_steps_as_ours(tmp_path, mon
 
 
 def run_benchmark(capsys, tmp_path, processes: int, *args: str) -> tuple[dict, str]:
-    """scripts/benchmark.py ARGS (its rows and pairs; documents of 16 tokens, 1 warm-up, 2 timed steps) on PROCESSES
+    """scripts/measure_speed.py ARGS (its rows and pairs; documents of 16 tokens, 1 warm-up, 2 timed steps) on PROCESSES
     CPU processes: its JSON and console. Its main runs in this process, each row in processes of its own."""
     out = tmp_path / f'bench-{processes}.json'
     capsys.readouterr()

@@ -2,7 +2,7 @@
 import os
 import re
 
-from llmfoundry_ext.bench.plotting import plot_run, read_scalars
+from llmfoundry_ext.measure.plotting import plot_run, read_scalars
 from llmfoundry_ext.train import train
 from llmfoundry_ext.preflight import prepare
 from tests.conftest import REPO, demo_data, write_yaml
@@ -35,7 +35,7 @@ def test_demo_run_on_cpu_logs_the_per_step_metrics_to_tensorboard(tmp_path):
 
 
 def test_plot_run_draws_every_logged_batch_across_invocations(tiny_config, tmp_path):
-    from llmfoundry_ext.bench.demo import evaluation_curves
+    from llmfoundry_ext.measure.demo import evaluation_curves
     tiny_config.update(parallelism={'fsdp': None}, max_duration='6ba', callbacks={'speed_monitor': {'window_size': 2}},
                        eval_interval='2ba')
     tiny_config['data']['eval'] = {'streams': {'b': {'local': tiny_config['data']['train']['streams']['b']['local']}},

@@ -1,6 +1,6 @@
 """Loader throughput: tokens/s that the StreamingDataLoader + collator deliver, per worker count.
 
-  python scripts/bench_loader.py [--seq-len 8192] [--batches 300] [--json out.json]
+  python scripts/measure_loader.py [--seq-len 8192] [--batches 300] [--json out.json]
 
 Writes uint32 MDS shards (zstd) of random tokens to a temporary folder, then times full passes of the
 training loader (shuffle on, the causal-LM collator) with 0, 1 and 2 workers. The bar: 20x what one H100
@@ -9,7 +9,7 @@ consumes training the 1B model (~50,000 tokens/s), so >= 1,000,000 tokens/s per 
 import argparse
 import sys
 
-from llmfoundry_ext.bench.loader import loader_rows
+from llmfoundry_ext.measure.loader import loader_rows
 
 
 def main(argv: list[str]) -> int:

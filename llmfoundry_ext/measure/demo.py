@@ -8,7 +8,7 @@ import subprocess
 
 from omegaconf import OmegaConf
 
-from llmfoundry_ext.bench.plotting import HELD_OUT_LOSS, accuracies, plot_run, read_scalars
+from llmfoundry_ext.measure.plotting import HELD_OUT_LOSS, accuracies, plot_run, read_scalars
 
 DEMO_YAML = 'yamls/demo.yaml'
 QUEUE_LIMIT_BATCHES = 150  # the first run stops here, as a job at its queue limit would

@@ -1,7 +1,7 @@
 """Downstream evaluation's cost: ours in the training loop beside lm-evaluation-harness's HF backend on the same
 weights (the checkpoint exported with to-hf), on a local HellaSwag-like task (pip install 'llmfoundry_ext[eval]').
 
-  python scripts/bench_downstream.py --questions 1000 --batches 200 --interval 100 --json downstream.json \\
+  python scripts/measure_downstream.py --questions 1000 --batches 200 --interval 100 --json downstream.json \\
       [--gpus N] [--hf-batch-sizes auto 64] [--against OTHER.json] [--rescore] [override ...]
 
 The text, tokenizer and shards are the learning benchmark's (its --corpus-mb of Python source, torchtitan's test
@@ -21,8 +21,8 @@ import site
 import sys
 
 from data_prep.demo_corpus import write_held_out_task
-from llmfoundry_ext.bench.downstream import TASK, run
-from llmfoundry_ext.bench.learning import prepare_data
+from llmfoundry_ext.measure.downstream import TASK, run
+from llmfoundry_ext.measure.learning import prepare_data
 
 
 def main(argv: list[str]) -> int:

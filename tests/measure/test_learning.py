@@ -6,9 +6,9 @@ import os
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-from llmfoundry_ext.bench import benchmark, learning
-from llmfoundry_ext.bench.benchmark import Row
-from llmfoundry_ext.bench.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, verdict,
+from llmfoundry_ext.measure import benchmark, learning
+from llmfoundry_ext.measure.benchmark import Row
+from llmfoundry_ext.measure.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, verdict,
                                            window_means, write_corpus)
 from tests.conftest import FORKED
 
