@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from llmfoundry_ext.atomic import write_atomically
-from llmfoundry_ext.checkpoint import read_checkpoint_weights
+from llmfoundry_ext.checkpoint import latest_checkpoint, read_checkpoint_weights
 from llmfoundry_ext.config import DownstreamConfig
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.machine import world_size
@@ -544,10 +544,21 @@ def compiled_templates():
         harness_utils.apply_template = original
 
 
+def is_weights_folder(source: str) -> bool:
+    return any(os.path.isfile(os.path.join(source, name)) for name in (HF_CONFIG, NATIVE_CONFIG))
+
+
+def check_source(source: str) -> None:
+    """A source that is neither a weights folder nor a run folder or checkpoint, refused from its files alone (no
+    weights read), so that it is named before the tasks load (over the network, where they are not on disk)."""
+    if not is_weights_folder(source):
+        latest_checkpoint(source)
+
+
 def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch.nn.Module, object, int]:
     """An HF or native weights folder, or a run folder (its latest checkpoint) or one checkpoint -> (our model with
     those weights, in eval mode on the CPU; the tokenizer of ``tokenizer`` or of the source; its context length)."""
-    if any(os.path.isfile(os.path.join(source, name)) for name in (HF_CONFIG, NATIVE_CONFIG)):
+    if is_weights_folder(source):
         config, tensors = load_weights_folder(source)
         tokenizer = tokenizer or source
     else:
@@ -617,6 +628,7 @@ def evaluate_weights(source: str, tasks: list[str], include: list[str], limit: f
     source or tokenizer, before any weights reach a device."""
     exit_2_on_sigterm()
     try:
+        check_source(source)
         loaded, _ = load_tasks(tasks, include)
         model, harness_tokens, max_length = model_from_weights(source, tokenizer)
     except (ConfigError, CheckpointError) as error:

@@ -84,9 +84,8 @@ def test_the_readme_jobs_are_the_ones_this_test_runs():
     ('scripts/plan.py', 0, '1T tokens: 4.0 days on 256 GPUs (24,332 GPU-hours)'),
     ('scripts/convert_checkpoint.py', 2, 'error: checkpoints/my-run: no latest-rank0.pt link and not a checkpoint; '
      'give the save folder of a run or one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)'),
-    ('scripts/evaluate.py', 2, "error: downstream task 'hellaswag' cannot be loaded (ConnectionError: Couldn't "
-     "reach 'Rowan/hellaswag' on the Hub (OfflineModeIsEnabled)); put its data on disk and point the task at it "
-     "(dataset_path: json, data_files)"),
+    ('scripts/evaluate.py', 2, 'error: checkpoints/llama1b-frontier-mix: no latest-rank0.pt link and not a '
+     'checkpoint; give the save folder of a run or one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)'),
 ])
 def test_a_readme_job_runs_as_written_to_its_first_check_against_this_machine(script, rc, last_line):
     """Run here, where its data, checkpoint and network are absent: it parses, and stops at the first thing this

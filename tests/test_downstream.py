@@ -421,10 +421,14 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
          "error: downstream task 'sums_sampled' samples its generations (do_sample or a temperature above 0); only "
          "greedy decoding runs here: set do_sample: false in its generation_kwargs"),
     ]
+    weights = tmp_path / 'weights'  # a weights folder by its config file; its weights would be read after the tasks
+    weights.mkdir()
+    (weights / 'config.json').write_text('{}')
     for arguments, message in cases:
-        assert evaluate_main([str(tmp_path / 'no-model'), *arguments]) == 2
+        assert evaluate_main([str(weights), *arguments]) == 2
         assert last_line(capsys.readouterr().err) == message
-    assert evaluate_main([str(tmp_path / 'no-model'), '--tasks', 'arithmetic_choice', '--include', tasks_folder]) == 2
+    # a source that is not there is named first, before any task loads (a hub's, over the network)
+    assert evaluate_main([str(tmp_path / 'no-model'), '--tasks', 'no_such_task', '--include', tasks_folder]) == 2
     assert last_line(capsys.readouterr().err) == (
         f'error: {tmp_path}/no-model: no latest-rank0.pt link and not a checkpoint; give the save folder of a run or '
         f'one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)')

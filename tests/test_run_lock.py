@@ -15,7 +15,7 @@ from llmfoundry_ext import run_lock
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.train import main
-from tests.conftest import REPO, global_batches, write_yaml
+from tests.conftest import REPO, global_batches, train_runs, write_yaml
 
 
 def write_lock(folder, pid: int, host: str = socket.gethostname(), age_s: float = 0.0) -> str:
@@ -78,25 +78,23 @@ def launch(yaml: str, log) -> subprocess.Popen:
 def test_killing_the_launcher_ends_its_ranks_and_the_rerun_resumes_exactly(tiny_config, tmp_path):
     tiny_config.update(max_duration='16ba', loggers={})
     tiny_config['checkpoint']['save_interval'] = '4ba'
-    ledgers = {}
-    for name in ('whole', 'killed'):
-        tiny_config['run_name'] = name
-        yaml = write_yaml(tiny_config, tmp_path / f'{name}.yaml')
-        with open(tmp_path / f'{name}.log', 'w') as log:
-            launcher = launch(yaml, log)
-            if name == 'killed':
-                checkpoints = tmp_path / 'checkpoints' / name
-                while not (checkpoints / 'ep0-ba8').exists() and launcher.poll() is None:
-                    time.sleep(0.2)
-                ranks = psutil.Process(launcher.pid).children()
-                launcher.send_signal(signal.SIGKILL)
-                launcher.wait()
-                gone, alive = psutil.wait_procs(ranks, timeout=30)
-                assert (len(ranks), alive) == (2, [])
-                launcher = launch(yaml, log)  # the same command: the stale lock is taken over
-            assert launcher.wait(timeout=600) == 0
-        ledgers[name] = {rank: read_ledger(str(tmp_path / 'ledger' / name / f'ledger-rank{rank}.jsonl'))
-                         for rank in range(2)}
+    tiny_config['run_name'] = 'whole'
+    train_runs(2, [write_yaml(tiny_config, tmp_path / 'whole.yaml')])  # the reference: forked ranks, no launcher
+    tiny_config['run_name'] = 'killed'
+    yaml = write_yaml(tiny_config, tmp_path / 'killed.yaml')
+    with open(tmp_path / 'killed.log', 'w') as log:
+        launcher = launch(yaml, log)
+        while not (tmp_path / 'checkpoints' / 'killed' / 'ep0-ba8').exists() and launcher.poll() is None:
+            time.sleep(0.2)
+        ranks = psutil.Process(launcher.pid).children()
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+        gone, alive = psutil.wait_procs(ranks, timeout=30)
+        assert (len(ranks), alive) == (2, [])
+        launcher = launch(yaml, log)  # the same command: the stale lock is taken over
+        assert launcher.wait(timeout=600) == 0
+    ledgers = {name: {rank: read_ledger(str(tmp_path / 'ledger' / name / f'ledger-rank{rank}.jsonl'))
+                      for rank in range(2)} for name in ('whole', 'killed')}
     batches = range(1, 17)
     assert global_batches(ledgers['killed'], batches) == global_batches(ledgers['whole'], batches)
     assert [ledgers['killed'][0][b]['loss'] for b in batches] == [ledgers['whole'][0][b]['loss'] for b in batches]
