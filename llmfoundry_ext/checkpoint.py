@@ -1,6 +1,7 @@
 """Composer run checkpoints -> weights: the model tensors of a sharded FSDP2 folder or a monolithic .pt, and a
 run's latest checkpoint exported as an HF model folder (``scripts/convert_checkpoint.py to-hf``)."""
 import os
+from typing import NamedTuple
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -8,7 +9,7 @@ from omegaconf import OmegaConf
 
 from llmfoundry_ext.config import ModelConfig, build
 from llmfoundry_ext.errors import CheckpointError
-from llmfoundry_ext.resumption import LATEST, METADATA, problem
+from llmfoundry_ext.resumption import CHECKPOINT_NAME, LATEST, METADATA, problem
 from llmfoundry_ext.weights import MAX_SHARD_SIZE, check_compatible, save_hf
 
 COMPOSER_MODEL_PREFIX = 'state.model.model.'
@@ -58,9 +59,16 @@ def run_config_file(checkpoint: str) -> str:
     return os.path.join(os.path.dirname(checkpoint.rstrip('/')), 'config.yaml')
 
 
-def read_checkpoint_weights(run_or_checkpoint: str) -> tuple[str, object, dict[str, torch.Tensor], str | None]:
-    """A Composer run folder (its latest checkpoint) or one checkpoint -> (the checkpoint, its model's architecture,
-    its tensors, the run's tokenizer folder)."""
+class CheckpointWeights(NamedTuple):
+    checkpoint: str                     # the checkpoint read (a run folder's latest)
+    config: object                      # its model's architecture
+    tensors: dict[str, torch.Tensor]    # its model's tensors, our names
+    tokenizer: str | None               # the run's data.tokenizer folder
+    run: dict                           # the run's resolved config.yaml
+
+
+def read_checkpoint_weights(run_or_checkpoint: str) -> CheckpointWeights:
+    """A Composer run folder (its latest checkpoint) or one checkpoint -> its weights and what its run says."""
     checkpoint = latest_checkpoint(run_or_checkpoint)
     config_file = run_config_file(checkpoint)
     if not os.path.isfile(config_file):
@@ -71,12 +79,23 @@ def read_checkpoint_weights(run_or_checkpoint: str) -> tuple[str, object, dict[s
     tensors = read_composer_model(checkpoint)
     with torch.device('meta'):
         check_compatible(model.family_entry().module(config), tensors)
-    return checkpoint, config, tensors, (run.get('data') or {}).get('tokenizer')
+    return CheckpointWeights(checkpoint, config, tensors, (run.get('data') or {}).get('tokenizer'), run)
+
+
+def training_record(checkpoint: str, run: dict) -> dict:
+    """What a checkpoint's weights were trained for, from its name and its run's config: an HF export keeps it in
+    config.json (its max_position_embeddings is the RoPE range, ``llama_hf.position_range``)."""
+    name = os.path.basename(checkpoint.rstrip('/'))
+    batches = int(CHECKPOINT_NAME.match(name)[1])
+    return {'run_name': run['run_name'], 'checkpoint': name, 'objective': run['objective']['name'],
+            'trained_sequence_length': run['max_seq_len'], 'trained_batches': batches,
+            'trained_tokens': batches * run['global_batch_size'] * run['max_seq_len']}
 
 
 def export_to_hf(run_or_checkpoint: str, out: str, dtype: torch.dtype = torch.bfloat16,
                  tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> str:
     """A Composer run folder (its latest checkpoint) or one checkpoint -> an HF model folder; returns the checkpoint."""
-    checkpoint, config, tensors, run_tokenizer = read_checkpoint_weights(run_or_checkpoint)
-    save_hf(tensors, config, out, dtype, tokenizer or run_tokenizer, max_shard_size)
-    return checkpoint
+    weights = read_checkpoint_weights(run_or_checkpoint)
+    save_hf(weights.tensors, weights.config, out, dtype, tokenizer or weights.tokenizer, max_shard_size,
+            trained=training_record(weights.checkpoint, weights.run))
+    return weights.checkpoint

@@ -30,6 +30,10 @@ Auto = Literal['auto']  # a key that also takes 'auto': the run plan chooses (pl
 
 
 FLOAT8_RECIPES = ('tensorwise', 'rowwise')  # torchao's Float8LinearRecipeName values we offer
+# The optimizer and the schedule when a YAML names none. A YAML that names one replaces the dict, but keeps these
+# arguments where its component takes them and it sets none (registry.with_default_arguments).
+OPTIMIZER_DEFAULT = {'name': 'decoupled_adamw', 'lr': 3e-4}
+SCHEDULER_DEFAULT = {'name': 'cosine_with_warmup', 't_warmup': '100ba'}
 
 
 @dataclass(frozen=True)
@@ -179,11 +183,12 @@ class TrainConfig:
     max_duration: str                # training length: batches (ba), epochs (ep) or tokens (tok)
     device_microbatch_size: Optional[int | Auto] = None  # None: the whole per-device batch at once; auto: the
     #                                                     fastest the plan predicts to fit
-    optimizer: dict[str, Any] = field(default_factory=lambda: {'name': 'decoupled_adamw', 'lr': 3e-4})  # name + its
-    #                                  arguments (registry.OPTIMIZERS: adamw, decoupled_adamw, ...)
-    scheduler: Optional[dict[str, Any]] = field(
-        default_factory=lambda: {'name': 'cosine_with_warmup', 't_warmup': '100ba'})  # name + arguments
-    #                                  (registry.SCHEDULERS: Composer's); null: a constant rate
+    optimizer: dict[str, Any] = field(default_factory=lambda: dict(OPTIMIZER_DEFAULT))  # name + its arguments
+    #                                  (registry.OPTIMIZERS: adamw, decoupled_adamw, ...); one a YAML names keeps the
+    #                                  default's lr (3e-4) unless it sets its own
+    scheduler: Optional[dict[str, Any]] = field(default_factory=lambda: dict(SCHEDULER_DEFAULT))  # name + arguments
+    #                                  (registry.SCHEDULERS: Composer's); one a YAML names keeps the default's
+    #                                  t_warmup (100ba) where it takes a warm-up and sets none; null: a constant rate
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     precision: str = 'amp_bf16'      # Composer's: amp_bf16 (bf16 matmuls, fp32 weights), fp32, amp_fp16, amp_fp8
     seed: int = 17                   # weights' initialisation, dropout and Composer's RNGs

@@ -562,8 +562,8 @@ def model_from_weights(source: str, tokenizer: str | None = None) -> tuple[torch
         config, tensors = load_weights_folder(source)
         tokenizer = tokenizer or source
     else:
-        _, config, tensors, run_tokenizer = read_checkpoint_weights(source)
-        tokenizer = tokenizer or run_tokenizer
+        weights = read_checkpoint_weights(source)
+        config, tensors, tokenizer = weights.config, weights.tensors, tokenizer or weights.tokenizer
     model = family_of(config).module(config).eval()
     load_into(model, tensors)
     return model, harness_tokenizer(tokenizer), config.max_seq_len

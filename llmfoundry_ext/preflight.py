@@ -41,6 +41,8 @@ class Run:
     eos_token_id: Optional[int]   # with data.document_masking
     mask_token_id: Optional[int]  # with objective mlm
     downstream_tasks: Optional[object] = None  # with downstream: its tasks loaded (downstream.LoadedTasks)
+    default_arguments: dict = dataclasses.field(default_factory=dict)  # section -> the arguments it took from the
+    #                                                                      default (registry.with_default_arguments)
 
 
 def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
@@ -51,6 +53,7 @@ def prepare(yaml_path: str, overrides: list[str] = ()) -> Run:
 def check(config: TrainConfig) -> Run:
     """Every check against the machine, in the order a user fixes them; the resolved Run."""
     check_hardware(config)
+    config, default_arguments = registry.with_default_arguments(config)
     plan = settle(config, Machine.from_environment(gpu_of_this_machine()), float8_problem() is None)
     config = plan.config
     kernels = resolve_kernels(config)
@@ -69,7 +72,7 @@ def check(config: TrainConfig) -> Run:
     return Run(config, plan, config.model.architecture(), kernels,
                eos_token_id=vocabulary.eos_token_id() if config.data.document_masking else None,
                mask_token_id=vocabulary.mask_token_id() if config.objective.name == 'mlm' else None,
-               downstream_tasks=load_downstream_tasks(config))
+               downstream_tasks=load_downstream_tasks(config), default_arguments=default_arguments)
 
 
 def load_downstream_tasks(config: TrainConfig):

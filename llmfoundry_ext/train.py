@@ -184,12 +184,29 @@ def start_summary(run: Run, trainer) -> str:
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
+        optimizer_line(run),
         checkpoint_line(config),
         *downstream_line(run),
         (f'  autoresume: resuming from the latest checkpoint at batch {resumed}' if resumed else
          '  starting from scratch (no checkpoint found)'),
     ]
     return '\n'.join(lines)
+
+
+def optimizer_line(run: Run) -> str:
+    """'  optimizer adamw (lr 0.0003 default, betas [0.9, 0.95]); scheduler cosine_with_warmup (t_warmup 2000ba)': the
+    arguments in force, those the YAML left to the default marked so."""
+    parts = []
+    for kind in ('optimizer', 'scheduler'):
+        section = getattr(run.config, kind)
+        if section is None:
+            parts.append(f'{kind} none (a constant rate)')
+            continue
+        defaulted = run.default_arguments.get(kind, [])
+        arguments = ', '.join(f"{key} {value}{' default' if key in defaulted else ''}"
+                              for key, value in section.items() if key != 'name')
+        parts.append(f"{kind} {section['name']}" + (f' ({arguments})' if arguments else ''))
+    return '  ' + '; '.join(parts)
 
 
 def float8_text(model) -> str:

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from llmfoundry_ext.atomic import atomic_folder
 from llmfoundry_ext.errors import CheckpointError
 from llmfoundry_ext.model.families import FAMILIES, Family
+from llmfoundry_ext.model.llama_hf import EXPORT_KEY
 from llmfoundry_ext.tokenizer import tokenizer_file
 
 NATIVE_CONFIG = 'llama_config.json'   # a from-hf folder: {'family': ..., architecture fields} + our names
@@ -141,14 +142,18 @@ def family_of(config) -> Family:
 
 
 def save_hf(tensors: dict[str, torch.Tensor], config, out: str, dtype: torch.dtype,
-            tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
-    """Write an HF model folder (config.json, safetensors weights, tokenizer files), atomically."""
+            tokenizer: str | None = None, max_shard_size: int | str = MAX_SHARD_SIZE,
+            trained: dict | None = None) -> None:
+    """Write an HF model folder (config.json, safetensors weights, tokenizer files), atomically; ``trained``: what the
+    weights were trained for (``checkpoint.training_record``), kept in config.json's ``llmfoundry_ext`` entry."""
     hf_tensors = family_of(config).hf.to_hf({k: v.to(dtype) for k, v in tensors.items()
                                               if not (config.tie_embeddings and k == 'lm_head.weight')})
+    hf_config = family_of(config).hf.hf_config(config, dtype)
+    hf_config[EXPORT_KEY].update(trained or {})
     with atomic_folder(out) as partial:
         write_safetensors(hf_tensors, partial, max_shard_size)
         with open(os.path.join(partial, HF_CONFIG), 'w') as file:
-            json.dump(family_of(config).hf.hf_config(config, dtype), file, indent=2)
+            json.dump(hf_config, file, indent=2)
         if tokenizer:
             write_hf_tokenizer(tokenizer, partial)
 

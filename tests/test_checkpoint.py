@@ -1,9 +1,11 @@
 """HF interop: logits parity with transformers both ways, round trips, a new vocabulary, clear mismatch errors."""
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -175,6 +177,36 @@ def test_trained_monolithic_checkpoint_to_hf_matches_our_logits(tiny_config, tmp
     assert checkpoint.endswith('ep0-ba2-rank0.pt')
     with torch.no_grad():
         assert (hf_model(tmp_path / 'hf')(tokens(SOURCE)).logits - trained(tokens(SOURCE))).abs().max() < 1e-5
+
+
+def test_the_1b_presets_export_loads_in_transformers_without_a_warning_and_says_what_it_trained_for(tiny_config,
+                                                                                                   tmp_path):
+    """The 1B preset's RoPE (Llama 3's scaling by 32 from 8,192) and context (8,192), at a tiny width: config.json's
+    max_position_embeddings is the range the scaling reaches (transformers warns on every load when it is not above
+    the original context), the training is in its llmfoundry_ext entry, and the import reads the context back."""
+    tiny_config['model'].update(preset='1b', max_seq_len=8192, tie_embeddings=True)
+    tiny_config.update(max_duration='2ba', parallelism={'fsdp': None})
+    train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml'))).close()
+    export_to_hf(str(tmp_path / 'checkpoints' / 'tiny'), str(tmp_path / 'hf'), torch.float32)
+    written = json.loads((tmp_path / 'hf' / 'config.json').read_text())
+    assert (written['max_position_embeddings'], written['rope_scaling']['original_max_position_embeddings'],
+            written['rope_scaling']['factor']) == (262144, 8192, 32.0)
+    assert written['llmfoundry_ext'] == {
+        'max_seq_len': 8192, 'run_name': 'tiny', 'checkpoint': 'ep0-ba2-rank0.pt', 'objective': 'clm',
+        'trained_sequence_length': 32, 'trained_batches': 2, 'trained_tokens': 2 * 8 * 32}
+    said = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append
+    logger = transformers.logging.get_logger('transformers')
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter('always')
+            hf_model(tmp_path / 'hf')
+    finally:
+        logger.removeHandler(handler)
+    assert [record.getMessage() for record in said] + [str(warning.message) for warning in warned] == []
+    assert load_weights_folder(str(tmp_path / 'hf'))[0].max_seq_len == 8192
 
 
 def test_init_from_alone_takes_the_architecture_from_the_hf_folder_and_trains(tiny_config, tmp_path):

@@ -157,3 +157,15 @@ def test_start_summary_says_where_checkpoints_go_or_that_none_are_written(tiny_c
     monkeypatch.setenv('WORLD_SIZE', '2')
     split = load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['parallelism.context_parallel_degree=2'])
     assert context_parallel_layout(split) == ', each sequence split over 2 GPUs (context parallel)'
+
+
+def test_an_optimizer_named_without_lr_trains_at_the_documented_default(tiny_config, tmp_path, capsys):
+    """A YAML that names its optimizer replaces the default dict; the lr it leaves out is still the reference's 3e-4
+    (torch's AdamW alone would take 1e-3), and the start summary says so."""
+    tiny_config.update(max_duration='1ba', scheduler=None, parallelism={'fsdp': None},
+                       optimizer={'name': 'adamw', 'betas': [0.9, 0.95]})
+    trainer = train(prepare(write_yaml(tiny_config, tmp_path / 'run.yaml')))
+    trainer.close()
+    assert [group['lr'] for group in trainer.state.optimizers[0].param_groups] == [3e-4]
+    assert '  optimizer adamw (betas [0.9, 0.95], lr 0.0003 default); scheduler none (a constant rate)' in (
+        capsys.readouterr().out.splitlines())

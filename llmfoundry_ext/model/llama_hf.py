@@ -7,6 +7,7 @@ from llmfoundry_ext.errors import CheckpointError
 from llmfoundry_ext.model.llama import LlamaConfig
 
 MODEL_TYPE = 'llama'
+EXPORT_KEY = 'llmfoundry_ext'  # config.json's entry of ours: the RoPE range, and what the weights were trained for
 
 
 def to_hf_name(name: str) -> str:
@@ -41,9 +42,21 @@ def hf_config(config: LlamaConfig, dtype: torch.dtype) -> dict:
         'num_attention_heads': config.n_heads, 'num_key_value_heads': config.n_kv_heads,
         'head_dim': config.head_dim, 'vocab_size': config.vocab_size, 'rms_norm_eps': config.norm_eps,
         'rope_theta': config.rope_theta, 'rope_scaling': rope_scaling,
-        'max_position_embeddings': config.max_seq_len, 'tie_word_embeddings': config.tie_embeddings,
+        'max_position_embeddings': position_range(config), 'tie_word_embeddings': config.tie_embeddings,
         'attention_bias': False, 'mlp_bias': False, 'torch_dtype': str(dtype).removeprefix('torch.'),
+        EXPORT_KEY: {'max_seq_len': config.max_seq_len},
     }
+
+
+def position_range(config: LlamaConfig) -> int:
+    """config.json's max_position_embeddings: the RoPE range trained for (``max_seq_len``), or, where Llama 3's
+    scaling stretches its original context past that, the range it stretches to (original x factor): transformers
+    takes the range to lie beyond the scaling's original context and warns on every load otherwise (Llama 3.2-1B's
+    own config: 131,072 over 8,192). What the weights were trained for is the export's ``llmfoundry_ext`` entry
+    (``weights.save_hf``)."""
+    if config.rope_scaling_factor == 1.0:
+        return config.max_seq_len
+    return max(config.max_seq_len, round(config.rope_original_max_seq_len * config.rope_scaling_factor))
 
 
 def config_from_hf(hf: dict) -> LlamaConfig:
@@ -63,4 +76,5 @@ def config_from_hf(hf: dict) -> LlamaConfig:
         rope_low_freq_factor=rope['low_freq_factor'] if scaled else 1.0,
         rope_high_freq_factor=rope['high_freq_factor'] if scaled else 4.0,
         rope_original_max_seq_len=rope['original_max_position_embeddings'] if scaled else 8192,
-        max_seq_len=hf.get('max_position_embeddings', 8192), tie_embeddings=hf.get('tie_word_embeddings', False))
+        max_seq_len=(hf.get(EXPORT_KEY) or {}).get('max_seq_len', hf.get('max_position_embeddings', 8192)),
+        tie_embeddings=hf.get('tie_word_embeddings', False))
