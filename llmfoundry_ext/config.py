@@ -17,12 +17,13 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from llmfoundry_ext.bounds import (AllOrPositiveInt, Bounds, NonNegativeInt, PositiveFloat, PositiveInt,
+                                   SeedInt)
 from llmfoundry_ext.errors import CheckpointError, ConfigError
 from llmfoundry_ext.machine import world_size
-from llmfoundry_ext.model.attention import SDPA_KERNELS
 from llmfoundry_ext.model.families import FAMILIES, Family
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.llama import INIT_SCHEMES, weight_fields
+from llmfoundry_ext.model.llama import weight_fields
 from llmfoundry_ext.model.mixtral import MixtralConfig
 from llmfoundry_ext.weights import family_of, read_weights_config
 
@@ -30,6 +31,7 @@ Auto = Literal['auto']  # a key that also takes 'auto': the run plan chooses (pl
 
 
 FLOAT8_RECIPES = ('tensorwise', 'rowwise')  # torchao's Float8LinearRecipeName values we offer
+AC_MODES = ('none', 'full', 'selective', 'full_except_attention')  # and auto (the plan's choice among the first three)
 # The optimizer and the schedule when a YAML names none. A YAML that names one replaces the dict, but keeps these
 # arguments where its component takes them and it sets none (registry.with_default_arguments).
 OPTIMIZER_DEFAULT = {'name': 'decoupled_adamw', 'lr': 3e-4}
@@ -43,13 +45,13 @@ class ModelConfig(KernelConfig):
     (from the preset unless set)."""
     family: str = 'llama'            # llama or mixtral (model/families.py)
     preset: str = 'debug'            # the architecture's defaults: 1b, 8b, 70b, mixtral-8x7b, debug, ...
-    init_device: str = 'auto'        # auto: meta under FSDP2 on GPUs, else cpu
+    init_device: Literal['auto', 'meta', 'cpu', 'cuda'] = 'auto'  # auto: meta under FSDP2 on GPUs, else cpu
     init_from: Optional[str] = None  # HF Llama/Mixtral folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
     #                                  the GPU has float8 and the plan predicts it faster
-    float8_recipe: str = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
+    float8_recipe: Literal[FLOAT8_RECIPES] = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
     float8_output: bool = True       # with float8 and compile: the output layer's GEMMs in float8 too, as
     #                                  torchtitan's float8; not with fused_kernels [cross_entropy] (liger's, bf16)
 
@@ -85,9 +87,9 @@ class StreamConfig:
     """One MDS folder of a data mixture (streaming's ``Stream``)."""
     local: str                      # the MDS folder on this machine (a convert_to_mds.py --out split)
     remote: Optional[str] = None    # where streaming downloads shards from into local (s3://, gs://, a path)
-    proportion: Optional[float] = None  # the stream's share of each epoch's samples (streaming's proportion)
-    repeat: Optional[float] = None  # or: each of its samples this many times an epoch
-    choose: Optional[int] = None    # or: this many of its samples an epoch
+    proportion: Optional[PositiveFloat] = None  # the stream's share of each epoch's samples (streaming's proportion)
+    repeat: Optional[PositiveFloat] = None  # or: each of its samples this many times an epoch
+    choose: Optional[PositiveInt] = None  # or: this many of its samples an epoch
 
 
 @dataclass
@@ -95,12 +97,12 @@ class LoaderConfig:
     """A StreamingDataset over streams, read by a StreamingDataLoader."""
     streams: dict[str, StreamConfig]  # name -> one MDS folder of the mixture
     shuffle: bool = True              # shuffle the samples (a fixed order from shuffle_seed; resumption keeps it)
-    shuffle_seed: int = 9176          # the sample order's seed (not the run's seed: data order stays when seed changes)
-    shuffle_algo: str = 'py1e'        # streaming's shuffle algorithm
-    num_canonical_nodes: Optional[int] = None  # streaming's; fixed, the sample order survives a change in node count
-    epoch_size: Optional[int] = None  # samples per epoch (default: all samples of the streams, once)
-    num_workers: int = 0              # loader worker processes a rank
-    prefetch_factor: Optional[int] = None  # batches each worker prepares ahead
+    shuffle_seed: SeedInt = 9176      # the sample order's seed (not the run's seed: data order stays when seed changes)
+    shuffle_algo: Literal['py1e', 'py1br', 'py1s', 'py2s', 'naive'] = 'py1e'  # streaming's shuffle algorithm
+    num_canonical_nodes: Optional[PositiveInt] = None  # streaming's; fixed, the sample order survives a change in node count
+    epoch_size: Optional[PositiveInt] = None  # samples per epoch (default: all samples of the streams, once)
+    num_workers: NonNegativeInt = 0   # loader worker processes a rank
+    prefetch_factor: Optional[PositiveInt] = None  # batches each worker prepares ahead (with num_workers)
     drop_last: bool = True            # drop an epoch's last incomplete batch
 
 
@@ -111,16 +113,16 @@ class DataConfig:
     tokenizer: Optional[str] = None  # folder with tokenizer.json; its vocabulary must fit model.vocab_size
     document_masking: bool = False   # attention stays within documents (split at EOS); adds position_ids
     eos_token: str = '<|end_of_text|>'  # the token that ends each document (document masking splits at it)
-    eos_token_id: Optional[int] = None  # None: eos_token looked up in the tokenizer
+    eos_token_id: Optional[NonNegativeInt] = None  # None: eos_token looked up in the tokenizer
 
 
 @dataclass
 class ObjectiveConfig:
     """clm: next-token prediction; mlm: predict the tokens replaced by the mask token (bidirectional)."""
-    name: str = 'clm'                # clm (causal, next token) or mlm (masked, bidirectional)
+    name: Literal['clm', 'mlm'] = 'clm'  # clm (causal, next token) or mlm (masked, bidirectional)
     mask_probability: float = 0.3    # mlm: the share of tokens masked
     mask_token: str = '<|reserved_special_token_100|>'  # mlm: the token that replaces them
-    mask_token_id: Optional[int] = None  # None: mask_token looked up in data.tokenizer
+    mask_token_id: Optional[NonNegativeInt] = None  # None: mask_token looked up in data.tokenizer
 
 
 @dataclass
@@ -128,28 +130,29 @@ class FSDPConfig:
     """Composer's FSDP2 (``FSDP2Config``): per-block ``fully_shard``, bf16 params and fp32 gradient reduction
     under amp_bf16 (``mixed_precision: DEFAULT``)."""
     reshard_after_forward: bool | Auto = True  # false: keep gathered params from forward to backward (more memory)
-    activation_checkpointing: str = 'none'  # none; full: recompute whole blocks; selective: keep matmul and
+    activation_checkpointing: Literal[(*AC_MODES, 'auto')] = 'none'  # none; full: recompute whole blocks; selective: keep matmul and
     #                                         attention outputs, recompute the rest (torchtitan's per-op mode);
     #                                         full_except_attention: recompute all but attention (long context);
     #                                         auto: the fastest the plan predicts to fit
-    checkpoint_every: int = 1  # apply it to every k-th block (full with 2: every other block recomputed)
-    replicate_degree: int | Auto = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs;
+    checkpoint_every: PositiveInt = 1  # apply it to every k-th block (full with 2: every other block recomputed)
+    replicate_degree: PositiveInt | Auto = 1  # > 1: HSDP, params sharded within groups of world/replicate_degree GPUs;
     #                                   auto: a replica a node where the model fits sharded over one node
-    state_dict_type: str = 'sharded'  # sharded: each rank writes its shard (DCP); full: rank 0 writes one file
-    mixed_precision: str = 'DEFAULT'  # Composer's FSDP2 mixed precision: bf16 params, fp32 gradient reduction
+    state_dict_type: Literal['sharded', 'full'] = 'sharded'  # sharded: each rank writes its shard (DCP); full: rank 0 writes one file
+    mixed_precision: Literal['DEFAULT', 'PURE', 'FULL'] = 'DEFAULT'  # Composer's FSDP2 mixed precision; DEFAULT: bf16
+    #                                                                 params, fp32 gradient reduction
 
 
 @dataclass
 class ParallelismConfig:
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)  # null: plain DDP
-    context_parallel_degree: int = 1  # > 1: each sequence split over this many consecutive GPUs (long context)
+    context_parallel_degree: PositiveInt = 1  # > 1: each sequence split over this many consecutive GPUs (long context)
 
 
 @dataclass
 class CheckpointConfig:
     save_folder: Optional[str] = 'checkpoints/{run_name}'  # null: no checkpoints; {run_name} is filled in
     save_interval: str = '500ba'     # a checkpoint every this many batches (ba) or epochs (ep)
-    save_num_checkpoints_to_keep: int = -1  # the newest kept, across restarts; -1: all
+    save_num_checkpoints_to_keep: AllOrPositiveInt = -1  # the newest kept, across restarts; -1: all
     autoresume: bool = True          # the same command resumes from the newest sealed checkpoint in save_folder
     load_path: Optional[str] = None  # a checkpoint to start from when save_folder has none
 
@@ -159,11 +162,11 @@ class DownstreamConfig:
     """lm-evaluation-harness tasks scored during training (``downstream.py``; pip install 'llmfoundry_ext[eval]')."""
     tasks: list[str] = field(default_factory=list)    # the harness's task names, or those of include's YAMLs
     include: list[str] = field(default_factory=list)  # task YAML files or folders (their data on disk)
-    limit: Optional[float] = None      # examples per task (a fraction of each below 1); None: all
-    num_fewshot: Optional[int] = None  # None: each task's own
+    limit: Optional[PositiveFloat] = None  # examples per task (a fraction of each below 1); None: all
+    num_fewshot: Optional[NonNegativeInt] = None  # None: each task's own
     interval: Optional[str] = None     # in batches, e.g. 1000ba; None: eval_interval
-    batch_tokens: int = 8192           # tokens a forward (requests sorted by length, padded to a batch's longest)
-    generation_rows: int = 128         # contexts generated together (a KV cache of rows x (context + generated)
+    batch_tokens: PositiveInt = 8192   # tokens a forward (requests sorted by length, padded to a batch's longest)
+    generation_rows: PositiveInt = 128  # contexts generated together (a KV cache of rows x (context + generated)
     #                                    tokens a layer: 1B 32 KiB a token, 8B 128 KiB)
 
     def interval_batches(self, eval_interval: str) -> int | None:
@@ -178,10 +181,10 @@ class TrainConfig:
     run_name: str                    # names the run: its checkpoint folder and logs
     model: ModelConfig
     data: DataConfig
-    max_seq_len: int                 # tokens a sample (the shards' windows)
-    global_batch_size: int           # samples a step over all GPUs
+    max_seq_len: PositiveInt         # tokens a sample (the shards' windows)
+    global_batch_size: PositiveInt   # samples a step over all GPUs
     max_duration: str                # training length: batches (ba), epochs (ep) or tokens (tok)
-    device_microbatch_size: Optional[int | Auto] = None  # None: the whole per-device batch at once; auto: the
+    device_microbatch_size: Optional[PositiveInt | Auto] = None  # None: the whole per-device batch at once; auto: the
     #                                                     fastest the plan predicts to fit
     optimizer: dict[str, Any] = field(default_factory=lambda: dict(OPTIMIZER_DEFAULT))  # name + its arguments
     #                                  (registry.OPTIMIZERS: adamw, decoupled_adamw, ...); one a YAML names keeps the
@@ -190,8 +193,8 @@ class TrainConfig:
     #                                  (registry.SCHEDULERS: Composer's); one a YAML names keeps the default's
     #                                  t_warmup (100ba) where it takes a warm-up and sets none; null: a constant rate
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
-    precision: str = 'amp_bf16'      # Composer's: amp_bf16 (bf16 matmuls, fp32 weights), fp32, amp_fp16, amp_fp8
-    seed: int = 17                   # weights' initialisation, dropout and Composer's RNGs
+    precision: Literal['fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8'] = 'amp_bf16'  # Composer's: amp_bf16 (bf16 matmuls, fp32 weights), fp32, amp_fp16, amp_fp8
+    seed: SeedInt = 17               # weights' initialisation, dropout and Composer's RNGs
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     callbacks: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> arguments (registry.CALLBACKS)
@@ -199,11 +202,11 @@ class TrainConfig:
     loggers: dict[str, dict[str, Any]] = field(default_factory=lambda: {'tensorboard': {}})  # name -> arguments
     #                                  (registry.LOGGERS: tensorboard, wandb, ...)
     eval_interval: str = '500ba'     # held-out loss on data.eval every this many batches
-    eval_subset_num_batches: int = -1  # batches a GPU an evaluation; -1: all of data.eval
+    eval_subset_num_batches: AllOrPositiveInt = -1  # batches a GPU an evaluation; -1: all of data.eval
     log_interval: str = '1ba'        # a console line and logged metrics every this many batches
-    console: str = 'line'                  # line: one line per log_interval on rank 0; full: Composer's metric dump
+    console: Literal['line', 'full'] = 'line'  # line: one line per log_interval on rank 0; full: Composer's metric dump
     progress_bar: Optional[bool] = None    # None: Composer's progress bar when the console is a terminal
-    node_timeout_s: float = 30.0           # a job over several nodes stops when one is silent this long (node_watch)
+    node_timeout_s: PositiveFloat = 30.0   # a job over several nodes stops when one is silent this long (node_watch)
     fit_check: bool = True                 # false: train settings the plan predicts not to fit (plan/run_plan.py)
     downstream: Optional[DownstreamConfig] = None  # harness tasks evaluated every downstream.interval
 
@@ -227,10 +230,7 @@ class TrainConfig:
         return folder.format(run_name=self.run_name) if folder else None
 
 
-PRECISIONS = ('fp32', 'amp_bf16', 'amp_fp16', 'amp_fp8')
 DURATION_KEYS = ('max_duration', 'eval_interval', 'log_interval', 'checkpoint.save_interval', 'downstream.interval')
-STATE_DICT_TYPES = ('sharded', 'full')
-SEEDS = range(2 ** 32)  # what numpy's and Composer's seeding take
 
 
 def load(yaml_path: str, overrides: list[str] = ()) -> TrainConfig:
@@ -368,6 +368,10 @@ def build(cls, value, path: str):
     if dataclasses.is_dataclass(cls):
         return build_dataclass(cls, value, path)
     origin, args = typing.get_origin(cls), typing.get_args(cls)
+    if origin is typing.Annotated:
+        return build_bounded(args, value, path)
+    if origin is Literal:
+        return build_choice(args, value, path)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -391,7 +395,7 @@ def build_dataclass(cls, value, path: str):
     for key in value:
         if key not in fields_by_name:
             raise ConfigError(f"{join(path, key)}: unknown key{suggest(key, fields_by_name)}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     kwargs = {}
     for name, spec in fields_by_name.items():
         if name in value:
@@ -408,8 +412,38 @@ def build_or_auto(types_: list, value, path: str):
         return value
     try:
         return build(other, value, path)
-    except ConfigError:
-        raise ConfigError(f"{path}: expected {other.__name__} or 'auto', got {describe(value)}") from None
+    except ConfigError as error:
+        if not str(error).startswith(f'{path}: expected '):
+            raise  # of the right type, out of its range
+        raise ConfigError(f"{path}: expected {type_name(other)} or 'auto', got {describe(value)}") from None
+
+
+def build_bounded(args: tuple, value, path: str):
+    """A number whose type declares its range (``Annotated[int, Bounds(1)]``: bounds.py)."""
+    number = build(args[0], value, path)
+    for bounds in args[1:]:
+        problem = bounds.problem(number) if isinstance(bounds, Bounds) else None
+        if problem:
+            raise ConfigError(f'{path}: {problem}')
+    return number
+
+
+def build_choice(choices: tuple, value, path: str):
+    """A named choice (``Literal['line', 'full']``): one of its names, else the names and the nearest one."""
+    if not isinstance(value, str):
+        raise ConfigError(f'{path}: expected str, got {describe(value)}')
+    if value in choices:
+        return value
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.7)
+    nearest = f"; did you mean '{close[0]}'?" if close else ''
+    raise ConfigError(f"{path}: '{value}' is not one of {', '.join(choices)}{nearest}")
+
+
+def type_name(annotation) -> str:
+    """'int' for int and for ``Annotated[int, ...]``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return getattr(annotation, '__name__', str(annotation))
 
 
 def build_scalar(cls, value, path: str):
@@ -441,16 +475,11 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 
 def validate(config: TrainConfig) -> None:
     """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
-    check_positive(config, ('global_batch_size', 'max_seq_len', 'node_timeout_s'))
-    if config.seed not in SEEDS:
-        raise ConfigError(f'seed: {config.seed} is out of range; give a whole number from 0 to {SEEDS[-1]:,}')
     check_context_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
     check_objective(config)
     check_parallelism(config.parallelism.fsdp)
-    if config.precision not in PRECISIONS:
-        raise ConfigError(f"precision: '{config.precision}' is not one of {', '.join(PRECISIONS)}")
     if config.checkpoint.autoresume and not config.checkpoint.save_folder:
         raise ConfigError('checkpoint.autoresume: needs checkpoint.save_folder to resume from; set a save_folder '
                           'or checkpoint.autoresume=false')
@@ -464,12 +493,6 @@ def validate(config: TrainConfig) -> None:
             check_loader(loader, f'data.{split}')
 
 
-def check_positive(config, keys) -> None:
-    for key in keys:
-        if getattr(config, key) <= 0:
-            raise ConfigError(f'{key}: must be positive, got {getattr(config, key)}')
-
-
 def check_batch_split(config: TrainConfig) -> None:
     ranks = config.data_parallel_size
     if config.global_batch_size % ranks:
@@ -481,8 +504,6 @@ def check_batch_split(config: TrainConfig) -> None:
     micro = config.device_microbatch_size
     if micro == 'auto':
         micro = None
-    if micro is not None and micro <= 0:
-        raise ConfigError(f'device_microbatch_size: must be positive, got {micro}')
     if micro is not None and config.device_batch_size % micro:
         raise ConfigError(f'device_microbatch_size: {micro} does not divide the per-device batch '
                           f'{config.device_batch_size} (global_batch_size {config.global_batch_size} / '
@@ -494,9 +515,6 @@ def check_batch_split(config: TrainConfig) -> None:
 
 
 def check_model(model: ModelConfig, max_seq_len: int) -> None:
-    for key in ('dim', 'n_layers', 'n_heads', 'n_kv_heads', 'ffn_dim', 'vocab_size'):
-        if getattr(model, key) <= 0:
-            raise ConfigError(f'model.{key}: must be positive, got {getattr(model, key)}')
     if model.dim % model.n_heads:
         raise ConfigError(f'model.dim: {model.dim} is not divisible by model.n_heads {model.n_heads}')
     if model.n_heads % model.n_kv_heads:
@@ -504,61 +522,36 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
     if max_seq_len > model.max_seq_len:
         raise ConfigError(f'max_seq_len: {max_seq_len} exceeds model.max_seq_len {model.max_seq_len}; '
                           f'raise model.max_seq_len or shorten max_seq_len')
-    if model.init_device not in ('auto', 'meta', 'cpu', 'cuda'):
-        raise ConfigError(f"model.init_device: '{model.init_device}' is not one of auto, meta, cpu, cuda")
+    if model.rope_high_freq_factor <= model.rope_low_freq_factor:
+        raise ConfigError(f'model.rope_high_freq_factor: {model.rope_high_freq_factor} is not above '
+                          f'model.rope_low_freq_factor {model.rope_low_freq_factor} (Llama 3 scales the wavelengths '
+                          f'between them)')
+    if model.init_skip and model.init_from is None:
+        raise ConfigError('model.init_skip: names tensors not to take from model.init_from, which is not set; set '
+                          'model.init_from or remove init_skip')
     if model.init_from is not None and model.init_device == 'meta':
         raise ConfigError('model.init_device: meta leaves no rank to read model.init_from; use auto (rank 0 reads '
                           'the weights on the CPU and they are broadcast)')
-    if model.sdpa_kernel not in SDPA_KERNELS:
-        raise ConfigError(f"model.sdpa_kernel: '{model.sdpa_kernel}' is not one of {', '.join(SDPA_KERNELS)}")
-    if model.float8_recipe not in FLOAT8_RECIPES:
-        raise ConfigError(f"model.float8_recipe: '{model.float8_recipe}' is not one of {', '.join(FLOAT8_RECIPES)}")
-    if model.init_scheme not in INIT_SCHEMES:
-        raise ConfigError(f"model.init_scheme: '{model.init_scheme}' is not one of {', '.join(INIT_SCHEMES)}")
-    if isinstance(model, MixtralConfig):
-        check_experts(model)
-
-
-def check_experts(model: MixtralConfig) -> None:
-    if model.n_experts <= 0:
-        raise ConfigError(f'model.n_experts: must be positive, got {model.n_experts}')
-    if not 1 <= model.experts_per_token <= model.n_experts:
+    if isinstance(model, MixtralConfig) and model.experts_per_token > model.n_experts:
         raise ConfigError(f'model.experts_per_token: {model.experts_per_token} is not between 1 and model.n_experts '
                           f'{model.n_experts}')
-    if model.router_aux_loss_coef < 0:
-        raise ConfigError(f'model.router_aux_loss_coef: must be >= 0, got {model.router_aux_loss_coef}')
 
 
 def check_objective(config: TrainConfig) -> None:
     objective = config.objective
-    if objective.name not in ('clm', 'mlm'):
-        raise ConfigError(f"objective.name: '{objective.name}' is not one of clm, mlm")
+    if not 0 < objective.mask_probability < 1:
+        raise ConfigError(f'objective.mask_probability: must be between 0 and 1, got {objective.mask_probability}')
     if objective.name == 'clm' and not config.model.causal:
         raise ConfigError('model.causal: false lets every position see its label under objective clm; '
                           'set model.causal=true or objective.name=mlm')
-    if objective.name == 'mlm':
-        if config.model.causal:
-            raise ConfigError('model.causal: masked LM needs bidirectional attention; set model.causal=false')
-        if not 0 < objective.mask_probability < 1:
-            raise ConfigError(f'objective.mask_probability: must be between 0 and 1, got '
-                              f'{objective.mask_probability}')
-
-
-AC_MODES = ('none', 'full', 'selective', 'full_except_attention')  # and auto (the plan's choice among the first three)
+    if objective.name == 'mlm' and config.model.causal:
+        raise ConfigError('model.causal: masked LM needs bidirectional attention; set model.causal=false')
 
 
 def check_parallelism(fsdp: Optional[FSDPConfig]) -> None:
     if fsdp is None:
         return
-    if fsdp.activation_checkpointing not in (*AC_MODES, 'auto'):
-        raise ConfigError(f"parallelism.fsdp.activation_checkpointing: '{fsdp.activation_checkpointing}' is not one "
-                          f"of {', '.join(AC_MODES)}, auto")
-    if fsdp.state_dict_type not in STATE_DICT_TYPES:
-        raise ConfigError(f"parallelism.fsdp.state_dict_type: '{fsdp.state_dict_type}' is not one of "
-                          f"{', '.join(STATE_DICT_TYPES)}{suggest(fsdp.state_dict_type, STATE_DICT_TYPES, 'values')}")
-    if fsdp.checkpoint_every < 1:
-        raise ConfigError(f'parallelism.fsdp.checkpoint_every: must be >= 1, got {fsdp.checkpoint_every}')
-    if fsdp.replicate_degree != 'auto' and (fsdp.replicate_degree < 1 or world_size() % fsdp.replicate_degree):
+    if fsdp.replicate_degree != 'auto' and world_size() % fsdp.replicate_degree:
         raise ConfigError(f'parallelism.fsdp.replicate_degree: {fsdp.replicate_degree} does not divide the world '
                           f'size {world_size()}')
 
@@ -568,8 +561,6 @@ def check_context_parallel(config: TrainConfig) -> None:
     load-balanced halves (head and tail chunks: 2 x degree of them)."""
     degree = config.parallelism.context_parallel_degree
     key = 'parallelism.context_parallel_degree'
-    if degree < 1:
-        raise ConfigError(f'{key}: must be >= 1, got {degree}')
     if degree == 1:
         return
     if world_size() % degree:
@@ -586,12 +577,7 @@ def check_context_parallel(config: TrainConfig) -> None:
                           f'rank takes a head and a tail chunk of every sequence)')
 
 
-CONSOLES = ('line', 'full')
-
-
 def check_console(config: TrainConfig) -> None:
-    if config.console not in CONSOLES:
-        raise ConfigError(f"console: '{config.console}' is not one of {', '.join(CONSOLES)}")
     if config.console == 'line' and not config.log_interval.endswith('ba'):
         raise ConfigError(f'log_interval: {config.log_interval}: the console line is printed every so many batches; '
                           f'give batches (e.g. 10ba) or set console=full')
@@ -607,9 +593,6 @@ def check_downstream(config: TrainConfig) -> None:
     if not downstream.interval_batches(config.eval_interval):
         raise ConfigError(f'downstream.interval: {downstream.interval or config.eval_interval} (default eval_interval) '
                           f'is not a number of batches; give e.g. 1000ba')
-    for key in ('batch_tokens', 'generation_rows'):
-        if getattr(downstream, key) < 1:
-            raise ConfigError(f'downstream.{key}: must be positive, got {getattr(downstream, key)}')
 
 
 def check_duration(config: TrainConfig, key: str) -> None:
@@ -633,7 +616,6 @@ def check_loader(loader: LoaderConfig, path: str) -> None:
     with_proportion = [s.proportion is not None for s in loader.streams.values()]
     if any(with_proportion) and not all(with_proportion):
         raise ConfigError(f'{path}.streams: give a proportion to every stream or to none')
-    for name, stream in loader.streams.items():
-        stream_path = f'{path}.streams.{name}'
-        if stream.proportion is not None and stream.proportion <= 0:
-            raise ConfigError(f'{stream_path}.proportion: must be positive, got {stream.proportion}')
+    if loader.prefetch_factor is not None and loader.num_workers == 0:
+        raise ConfigError(f'{path}.prefetch_factor: batches that loader workers prepare ahead, and {path}.num_workers '
+                          f'is 0; set num_workers or remove prefetch_factor')

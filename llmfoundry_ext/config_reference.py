@@ -2,9 +2,11 @@
 comment beside the field in the source (``python scripts/config_reference.py`` writes it; a test fails when a key has
 no line or the file is stale). Python keeps no field comments at run time, hence the reading of the source."""
 import dataclasses
+import functools
 import inspect
 import io
 import tokenize
+import types
 import typing
 
 from llmfoundry_ext.config import StreamConfig, TrainConfig, model_config_class
@@ -14,8 +16,13 @@ HEADER = """# Configuration reference
 
 Every key a run's YAML takes (or `key=value` on the command line), generated from the config classes by
 `python scripts/config_reference.py`: do not edit by hand. The model's architecture keys default to its `preset`'s
-values. Keys that hold a name and arguments (`optimizer`, `scheduler`, `callbacks`, `algorithms`, `loggers`) are
-listed in `llmfoundry_ext/registry.py`. A YAML may also hold two keys of its own:
+values. A number's range and a name's choices are part of its type (`int (positive)`, `'line' | 'full'`): a value
+outside them is one line naming the key before training starts. Keys that hold a name and arguments (`optimizer`,
+`scheduler`, `callbacks`, `algorithms`, `loggers`) are listed in `llmfoundry_ext/registry.py`; each argument is
+checked against its class's signature and types (a duration such as `t_warmup` must parse). A YAML's `optimizer` or
+`scheduler` replaces the default's dict but keeps its `lr` (3e-4) or `t_warmup` (100ba) where the component takes one
+and the YAML sets none (the start summary marks them `default`); `callbacks`, `algorithms` and `loggers` are the
+YAML's alone (naming `loggers` drops TensorBoard unless listed). A YAML may also hold two keys of its own:
 
 - `variables:` values for `${variables.x}` anywhere in the run's YAML, resolved and then dropped.
 - `include: [a.yaml, ...]` YAML files (paths relative to this one) merged under it in order: a later file's keys
@@ -25,6 +32,7 @@ listed in `llmfoundry_ext/registry.py`. A YAML may also hold two keys of its own
 """
 
 
+@functools.cache
 def field_comments(cls: type) -> dict[str, str]:
     """Field name -> the comment beside it and on the comment lines that follow it, over ``cls``'s dataclass bases."""
     comments = {}
@@ -60,30 +68,49 @@ def sections() -> list[tuple[str, str, type]]:
 def nested_class(annotation) -> type | None:
     """The config class a field holds (directly or Optional), or None for a value."""
     candidates = [annotation, *typing.get_args(annotation)]
-    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
 
 
-def rows(prefix: str, cls: type) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, line) for each value field of ``cls`` under ``prefix``, nested classes after."""
-    comments, values, nested = field_comments(cls), [], []
+def value_fields(prefix: str, cls: type) -> list[tuple[str, type, dataclasses.Field]]:
+    """(key, class, field) for each value field of ``cls`` under ``prefix``, nested classes' after: the schema's
+    keys (a stream's under ``<name>``; the model's in a section of its family: ``sections``)."""
+    values, nested = [], []
     for spec in dataclasses.fields(cls):
         key = f'{prefix}.{spec.name}' if prefix else spec.name
         inner = nested_class(spec.type)
         if spec.name == 'streams':  # name -> StreamConfig
-            values.append((key, 'name -> stream', 'required', comments.get(spec.name, '')))
+            values.append((key, cls, spec))
             nested.append((f'{key}.<name>', StreamConfig))
-        elif inner is not None and spec.name != 'model':  # the model's keys: a section a family (sections)
+        elif inner is not None and spec.name != 'model':
             nested.append((key, inner))
         elif inner is None:
-            values.append((key, type_text(spec.type), default_text(spec), comments.get(spec.name, '')))
+            values.append((key, cls, spec))
     for key, inner in nested:
-        values += rows(key, inner)
+        values += value_fields(key, inner)
     return values
 
 
+def rows(prefix: str, cls: type) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, line) for each value field of ``cls`` under ``prefix``, nested classes after."""
+    return [(key, 'name -> stream' if spec.name == 'streams' else type_text(spec.type),
+             'required' if spec.name == 'streams' else default_text(spec), field_comments(owner).get(spec.name, ''))
+            for key, owner, spec in value_fields(prefix, cls)]
+
+
 def type_text(annotation) -> str:
-    text = annotation.__name__ if isinstance(annotation, type) and not typing.get_args(annotation) else str(annotation)
-    return text.replace('typing.', '').replace("Literal['auto']", "'auto'").replace('NoneType', 'None')
+    """'int (positive)', "'line' \\| 'full'", "int (positive) \\| 'auto' \\| None", 'list[str]'."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return f"{type_text(args[0])} ({', '.join(bounds.text() for bounds in args[1:])})"
+    if origin is typing.Literal:
+        return ' | '.join(repr(choice) for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return ' | '.join(type_text(arg) for arg in args)
+    if annotation is type(None):
+        return 'None'
+    if isinstance(annotation, type) and not args:
+        return annotation.__name__
+    return str(annotation).replace('typing.', '')
 
 
 def cell(text: str) -> str:

@@ -369,7 +369,11 @@ def require_harness() -> None:
         raise ConfigError(HARNESS_MISSING)
 
 
-def load_tasks(tasks: list[str], include: list[str]) -> tuple[dict, dict[str, int]]:
+CLI_KEYS = ('--tasks', '--include')  # what load_tasks' errors name: scripts/evaluate.py's options, or a run's keys
+RUN_KEYS = ('downstream.tasks', 'downstream.include')
+
+
+def load_tasks(tasks: list[str], include: list[str], keys: tuple[str, str] = CLI_KEYS) -> tuple[dict, dict[str, int]]:
     """Each task of ``tasks`` (the harness's, or those of the task YAML files or folders of ``include``) built by
     the harness's TaskManager, which loads its dataset, and counted: an unknown name or a task whose data cannot be
     loaded is one line, before any scoring. Returns the tasks as ``TaskManager.load`` gives them, built once for
@@ -379,27 +383,32 @@ def load_tasks(tasks: list[str], include: list[str]) -> tuple[dict, dict[str, in
     takes 6-27 s a process, in every rank of a run. They are indexed only for a task that is the harness's (its
     names known from ``harness_task_names``, without the index) or for a local group that does not build from the
     folders alone (a group of the harness's tasks); a name that is neither, or a local task whose data are missing,
-    is reported at once."""
+    is reported at once. Each error names the option or key (``keys``: the tasks', the include paths')."""
     require_harness()
     from lm_eval.tasks import TaskManager
     for path in include:
         if not os.path.exists(path):
-            raise ConfigError(f'{path}: no such task file or folder; give harness task YAMLs (or a folder of them)')
+            raise ConfigError(f'{keys[1]}: {path}: no such task file or folder; give harness task YAMLs (or a folder '
+                              f'of them)')
         check_task_yamls(path)
     folders = sorted({path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path)) for path in include})
     local = TaskManager(include_path=folders, include_defaults=False) if folders else None  # a file's folder is read
     local_names = set(local.all_tasks) if local else set()
     for name in tasks:
         if name not in local_names and name not in harness_task_names():
-            raise ConfigError(f"downstream task '{name}' is neither one of the harness's nor in "
-                              f"{', '.join(include) or 'an --include path'}; check the name (lm_eval ls tasks)")
+            raise unknown_task(name, include, keys)
     if all(name in local_names for name in tasks):
         try:
-            return built_tasks(local, tasks, include)
+            return built_tasks(local, tasks, include, keys)
         except ConfigError:
             if not any(name in local.all_groups for name in tasks):
                 raise
-    return built_tasks(TaskManager(include_path=folders or None), tasks, include)
+    return built_tasks(TaskManager(include_path=folders or None), tasks, include, keys)
+
+
+def unknown_task(name: str, include: list[str], keys: tuple[str, str]) -> ConfigError:
+    return ConfigError(f"{keys[0]}: '{name}' is neither one of the harness's tasks nor in {keys[1]} "
+                       f"({', '.join(include) or 'none given'}); check the name (lm_eval ls tasks)")
 
 
 def check_task_yamls(path: str) -> None:
@@ -446,22 +455,21 @@ def harness_task_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def built_tasks(manager, tasks: list[str], include: list[str]) -> tuple[dict, dict[str, int]]:
+def built_tasks(manager, tasks: list[str], include: list[str], keys: tuple[str, str]) -> tuple[dict, dict[str, int]]:
     """``load_tasks`` with one TaskManager."""
     for name in tasks:
         if name not in manager.all_tasks:
-            raise ConfigError(f"downstream task '{name}' is neither one of the harness's nor in "
-                              f"{', '.join(include) or 'an --include path'}; check the name (lm_eval ls tasks)")
+            raise unknown_task(name, include, keys)
     examples, built = {}, []
     for name in tasks:
         try:
             loaded = manager.load([name])
         except Exception as error:  # the harness and datasets raise anything from ValueError to FileNotFoundError
-            raise ConfigError(f"downstream task '{name}' cannot be loaded ({type(error).__name__}: "
+            raise ConfigError(f"{keys[0]}: task '{name}' cannot be loaded ({type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}); put its data on disk and point "
                               f"the task at it (dataset_path: json, data_files)") from None
         if any(sampled(task) for task in loaded['tasks'].values()):
-            raise ConfigError(f"downstream task '{name}' samples its generations (do_sample or a temperature above "
+            raise ConfigError(f"{keys[0]}: task '{name}' samples its generations (do_sample or a temperature above "
                               f"0); only greedy decoding runs here: set do_sample: false in its generation_kwargs")
         examples[name] = sum(len(task.eval_docs) for task in loaded['tasks'].values())
         built += [loaded['groups'][name]] if name in loaded['groups'] else list(loaded['tasks'].values())
@@ -485,7 +493,7 @@ class LoadedTasks:
 
 def load_run_tasks(config: DownstreamConfig, tokenizer: str | None) -> LoadedTasks:
     """``load_tasks`` for a run's ``downstream`` section, with the run's tokenizer (``data.tokenizer``)."""
-    tasks, examples = load_tasks(config.tasks, config.include)
+    tasks, examples = load_tasks(config.tasks, config.include, RUN_KEYS)
     if tokenizer is None:
         raise ConfigError("downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set "
                           "data.tokenizer")

@@ -28,7 +28,7 @@ from llmfoundry_ext.model.llama import weight_fields
 from llmfoundry_ext.plan.run_plan import RunPlan, settle
 from llmfoundry_ext.resumption import checkpoints_newest_first
 from llmfoundry_ext.tokenizer import read_tokenizer, tokenizer_file
-from llmfoundry_ext.weights import safetensors_files
+from llmfoundry_ext.weights import safetensors_files, skipped
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ def check(config: TrainConfig) -> Run:
             for name, stream in loader.streams.items():
                 if stream.remote is None:
                     check_local_stream(stream.local, f'data.{split}.streams.{name}.local', config.max_seq_len)
+                elif '://' not in stream.remote:  # a folder on this machine; an object store is reached in training
+                    check_local_stream(stream.remote, f'data.{split}.streams.{name}.remote', config.max_seq_len)
             vocabulary.check_streams(loader, f'data.{split}')
     check_resumed_architecture(config)
     registry.check_all(config)
@@ -198,6 +200,12 @@ def check_init_from(model: ModelConfig) -> None:
         safetensors_files(model.init_from)
     except CheckpointError as error:
         raise ConfigError(f'model.init_from: {error}') from None
+    with torch.device('meta'):
+        names = [name for name, _ in model.family_entry().module(model.architecture()).named_parameters()]
+    for prefix in model.init_skip:
+        if not any(skipped(name, (prefix,)) for name in names):
+            raise ConfigError(f"model.init_skip: '{prefix}' names no tensor of the model; give name prefixes such as "
+                              f"embed_tokens, lm_head or layers.0")
 
 
 class Vocabulary:
@@ -252,7 +260,8 @@ def check_local_stream(folder: str, key: str, max_seq_len: int) -> None:
     shard's size) each shard file there with the size its index gives."""
     index_file = os.path.join(folder, 'index.json')
     if not os.path.isfile(index_file):
-        raise ConfigError(f'{key}: no MDS dataset at {folder} (index.json missing) and no remote set; run '
+        unset = ' and no remote set' if key.endswith('.local') else ''
+        raise ConfigError(f'{key}: no MDS dataset at {folder} (index.json missing){unset}; run '
                           f'data_prep/convert_to_mds.py or fix the path')
     try:
         with open(index_file) as file:

@@ -264,9 +264,16 @@ CASES = {
                                       'config error: optimizer: AdamW refuses its arguments (Invalid learning rate: '
                                       '-0.003); fix the optimizer keys', 'run'),
     'train: learning rate with a typo': ('train', lambda w, t: [w['yaml'], ADAMW, 'optimizer.lr=3e-3x'],
-                                         "config error: optimizer.lr: expected a number, got str '3e-3x'", 'run'),
+                                         "config error: optimizer.lr: AdamW takes float, got str '3e-3x'", 'run'),
     'train: one beta': ('train', lambda w, t: [w['yaml'], ADAMW, 'optimizer.betas=[0.9]'],
-                        'config error: optimizer.betas: expected two numbers [beta1, beta2], got [0.9]', 'run'),
+                        'config error: optimizer.betas: AdamW takes a list of 2 (float, float), got list [0.9]',
+                        'run'),
+    'train: a negative loader worker count': ('train', lambda w, t: [w['yaml'], 'data.train.num_workers=-1'],
+                                              'config error: data.train.num_workers: must be >= 0, got -1', 'run'),
+    'train: a warm-up that is not a duration': (
+        'train', lambda w, t: [w['yaml'], 'scheduler.t_warmup=100 batches'],
+        "config error: scheduler.t_warmup: CosineAnnealingWithWarmupScheduler takes a duration (e.g. 100ba, 2ep, "
+        "0.1dur), got str '100 batches'", 'run'),
     'train: negative seed': ('train', lambda w, t: [w['yaml'], 'seed=-1'],
                              'config error: seed: -1 is out of range; give a whole number from 0 to 4,294,967,295',
                              'run'),

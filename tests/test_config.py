@@ -102,7 +102,7 @@ BAD_CONFIGS = [
     (change('precision', 'bf16'),
      "precision: 'bf16' is not one of fp32, amp_bf16, amp_fp16, amp_fp8"),
     (change('model.sdpa_kernel', 'cudnn9'),
-     "model.sdpa_kernel: 'cudnn9' is not one of auto, cudnn, flash, efficient, math"),
+     "model.sdpa_kernel: 'cudnn9' is not one of auto, cudnn, flash, efficient, math; did you mean 'cudnn'?"),
     (change('model.float8_recipe', 'blockwise'),
      "model.float8_recipe: 'blockwise' is not one of tensorwise, rowwise"),
     (changes(('model.float8', True), ('max_seq_len', 33), ('model.max_seq_len', 64), ('device_microbatch_size', 2)),
@@ -120,7 +120,7 @@ BAD_CONFIGS = [
     (change('parallelism.fsdp.activation_checkpointing', True),
      'parallelism.fsdp.activation_checkpointing: expected str, got bool True'),
     (change('parallelism.fsdp.checkpoint_every', 0),
-     'parallelism.fsdp.checkpoint_every: must be >= 1, got 0'),
+     'parallelism.fsdp.checkpoint_every: must be positive, got 0'),
     (change('parallelism.fsdp.replicate_degree', 3),
      'parallelism.fsdp.replicate_degree: 3 does not divide the world size 1'),
     (change('parallelism.fsdp.reshard', True),
@@ -169,7 +169,7 @@ def test_train_script_prints_one_line_and_no_traceback(tiny_config, tmp_path):
 @pytest.mark.parametrize('world, overrides, message', [
     ('4', ['parallelism.context_parallel_degree=3'],
      'parallelism.context_parallel_degree: 3 does not divide the world size 4; use a divisor of it'),
-    ('4', ['parallelism.context_parallel_degree=0'], 'parallelism.context_parallel_degree: must be >= 1, got 0'),
+    ('4', ['parallelism.context_parallel_degree=0'], 'parallelism.context_parallel_degree: must be positive, got 0'),
     ('4', ['parallelism.context_parallel_degree=2', 'global_batch_size=3'],
      'global_batch_size: 3 is not divisible by the data-parallel size 2 (world size 4 / context_parallel_degree 2); '
      'use a multiple of 2'),

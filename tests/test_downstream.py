@@ -409,16 +409,17 @@ def test_bad_evaluate_inputs_are_one_line_before_any_model_is_read(tasks_folder,
          f'error: {broken}/sums.yaml: not a valid task YAML: mapping values are not allowed here at line 3, column 14; '
          f'fix the file or move it out of the include path'),
         (['--tasks', 'no_such_task', '--include', tasks_folder],
-         f"error: downstream task 'no_such_task' is neither one of the harness's nor in {tasks_folder}; check the "
-         f"name (lm_eval ls tasks)"),
+         f"error: --tasks: 'no_such_task' is neither one of the harness's tasks nor in --include ({tasks_folder}); "
+         f"check the name (lm_eval ls tasks)"),
         (['--tasks', 'arithmetic_choice', '--include', str(tmp_path / 'nowhere')],
-         f'error: {tmp_path}/nowhere: no such task file or folder; give harness task YAMLs (or a folder of them)'),
+         f'error: --include: {tmp_path}/nowhere: no such task file or folder; give harness task YAMLs (or a folder '
+         f'of them)'),
         (['--tasks', 'lost_data', '--include', str(tmp_path / 'lost.yaml')],
-         "error: downstream task 'lost_data' cannot be loaded (FileNotFoundError: Unable to find "
+         "error: --tasks: task 'lost_data' cannot be loaded (FileNotFoundError: Unable to find "
          f"'{tmp_path}/missing.jsonl'); put its data on disk and point the task at it (dataset_path: json, "
          "data_files)"),
         (['--tasks', 'sums_sampled', '--include', str(generation)],
-         "error: downstream task 'sums_sampled' samples its generations (do_sample or a temperature above 0); only "
+         "error: --tasks: task 'sums_sampled' samples its generations (do_sample or a temperature above 0); only "
          "greedy decoding runs here: set do_sample: false in its generation_kwargs"),
     ]
     weights = tmp_path / 'weights'  # a weights folder by its config file; its weights would be read after the tasks
@@ -472,11 +473,11 @@ def test_a_misspelt_name_or_missing_data_is_reported_without_indexing_the_harnes
 
     monkeypatch.setattr(lm_eval.tasks, 'TaskManager', Recorded)
     monkeypatch.setattr(llmfoundry_ext.downstream, 'harness_task_names', lambda: frozenset({'hellaswag'}))
-    with pytest.raises(ConfigError, match="^downstream task 'hellaswag_local' is neither one of the harness's nor"):
+    with pytest.raises(ConfigError, match="^--tasks: 'hellaswag_local' is neither one of the harness's tasks nor"):
         llmfoundry_ext.downstream.load_tasks(['hellaswag_local'], [tasks_folder])
     (tmp_path / 'lost.yaml').write_text(CHOICE_TASK.replace('arithmetic_choice', 'lost_data').format(
         data=str(tmp_path / 'missing.jsonl')))
-    with pytest.raises(ConfigError, match="^downstream task 'lost_data' cannot be loaded \\(FileNotFoundError"):
+    with pytest.raises(ConfigError, match="^--tasks: task 'lost_data' cannot be loaded \\(FileNotFoundError"):
         llmfoundry_ext.downstream.load_tasks(['lost_data'], [str(tmp_path / 'lost.yaml')])
     assert managers == [False, False]
 
@@ -519,8 +520,8 @@ def test_bad_downstream_sections_are_one_line_before_training(tiny_config, tmp_p
         (change('downstream', {**section, 'interval': '2ep'}),
          'downstream.interval: 2ep (default eval_interval) is not a number of batches; give e.g. 1000ba'),
         (change('downstream', {**section, 'tasks': ['hellaswag_local']}),
-         f"downstream task 'hellaswag_local' is neither one of the harness's nor in {tasks_folder}; check the name "
-         f"(lm_eval ls tasks)"),
+         f"downstream.tasks: 'hellaswag_local' is neither one of the harness's tasks nor in downstream.include "
+         f"({tasks_folder}); check the name (lm_eval ls tasks)"),
         (changes(('downstream', section), ('data.tokenizer', 'DELETE')),
          "downstream: needs data.tokenizer (the harness tokenizes the tasks' text with it); set data.tokenizer"),
         (changes(('downstream', section), ('data.tokenizer', str(bare))),
@@ -567,7 +568,7 @@ def test_in_loop_metrics_are_the_checkpoints_and_training_is_untouched(texts_con
     texts_config['max_duration'] = '100ba'
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'plain', None), tmp_path / 'plain.yaml'))).close()
     loads, load_tasks = [], llmfoundry_ext.downstream.load_tasks
-    monkeypatch.setattr(llmfoundry_ext.downstream, 'load_tasks', lambda *args: loads.append(args) or load_tasks(*args))
+    monkeypatch.setattr(llmfoundry_ext.downstream, 'load_tasks', lambda *args: loads.append(args[:2]) or load_tasks(*args))
     train(prepare(write_yaml(run_in(texts_config, tmp_path / 'with', downstream), tmp_path / 'with.yaml'))).close()
     assert loads == [(['arithmetic_choice', 'last_word'], [tasks_folder])]
     output = capsys.readouterr().out

@@ -17,6 +17,9 @@ from tests.conftest import write_yaml
     ({'name': 'adamw'}, None, ({'name': 'adamw', 'lr': 3e-4}, None), {'optimizer': ['lr']}),
     ({'name': 'no_such_optimizer'}, {'name': 'cosine'},  # an unknown name is check_all's to report
      ({'name': 'no_such_optimizer'}, {'name': 'cosine'}), {}),
+    ({'lr': 0.01}, {'t_warmup': '5ba'},  # no name: the default's (scheduler.t_warmup=5ba on a YAML without one)
+     ({'lr': 0.01, 'name': 'decoupled_adamw'}, {'t_warmup': '5ba', 'name': 'cosine_with_warmup'}),
+     {'optimizer': ['name'], 'scheduler': ['name']}),
 ])
 def test_a_named_component_keeps_the_defaults_arguments_it_takes_and_leaves_out(
         tiny_config, tmp_path, optimizer, scheduler, expected, defaulted):

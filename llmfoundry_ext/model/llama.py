@@ -6,37 +6,48 @@ The module tree mirrors transformers' LlamaModel (``embed_tokens``, ``layers.{i}
 """
 import math
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from llmfoundry_ext.bounds import AtLeastOneFloat, PositiveFloat, PositiveInt
 from llmfoundry_ext.model import fused
 from llmfoundry_ext.model.attention import attend, attention_mask, choose_backend
 from llmfoundry_ext.model.kernels import KernelConfig
+
+
+# How fresh weights are drawn. torchtitan (v0.2.2's llama3 ``init_weights``, depth_init): token embeddings N(0, 1)
+# (untied), q/k/v/gate 0.02, o/down/up 0.02 / sqrt(2 (layer + 1)); gpt2 (GPT-2's scaled residual init): embeddings
+# 0.02, o/down 0.02 / sqrt(2 layers), the rest 0.02. Both: an untied output layer dim^-0.5, cut at 3 std. On the
+# learning benchmark (docs/learning.md; 1B, 220 steps, one seed) the last 50 steps' loss was 2.97 with gpt2's, 2.62
+# with torchtitan's (torchtitan itself: 2.46).
+INIT_SCHEMES = ('torchtitan', 'gpt2')
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
     """Architecture of one Llama model; every field matches an HF ``LlamaConfig`` key by meaning. Fields marked
     ``weights: False`` describe how the weights are used, not the weights (``weight_fields``)."""
-    dim: int = 4096                           # model width
-    n_layers: int = 32                        # transformer blocks
-    n_heads: int = 32                         # attention (query) heads
-    n_kv_heads: int = 8                       # key/value heads (grouped-query attention)
-    ffn_dim: int = 14336                      # SwiGLU feed-forward width
-    vocab_size: int = 128256                  # embedding rows; the tokenizer's ids must fit
-    norm_eps: float = 1e-5                    # RMSNorm's epsilon
-    rope_theta: float = 500000.0              # RoPE's base
-    rope_scaling_factor: float = 8.0          # Llama-3.1 frequency scaling; 1.0 turns it off
-    rope_low_freq_factor: float = 1.0         # Llama-3.1 scaling's low-frequency bound
-    rope_high_freq_factor: float = 4.0        # Llama-3.1 scaling's high-frequency bound
-    rope_original_max_seq_len: int = 8192     # the context the scaling starts from
-    max_seq_len: int = field(default=131072, metadata={'weights': False})  # the RoPE range trained for
+    dim: PositiveInt = 4096                   # model width
+    n_layers: PositiveInt = 32                # transformer blocks
+    n_heads: PositiveInt = 32                 # attention (query) heads
+    n_kv_heads: PositiveInt = 8               # key/value heads (grouped-query attention)
+    ffn_dim: PositiveInt = 14336              # SwiGLU feed-forward width
+    vocab_size: PositiveInt = 128256          # embedding rows; the tokenizer's ids must fit
+    norm_eps: PositiveFloat = 1e-5            # RMSNorm's epsilon
+    rope_theta: PositiveFloat = 500000.0      # RoPE's base
+    rope_scaling_factor: AtLeastOneFloat = 8.0  # Llama-3.1 frequency scaling; 1.0 turns it off
+    rope_low_freq_factor: PositiveFloat = 1.0  # Llama-3.1 scaling's low-frequency bound
+    rope_high_freq_factor: PositiveFloat = 4.0  # Llama-3.1 scaling's high-frequency bound
+    rope_original_max_seq_len: PositiveInt = 8192  # the context the scaling starts from
+    max_seq_len: PositiveInt = field(default=131072, metadata={'weights': False})  # the RoPE range trained for
     tie_embeddings: bool = False              # the output layer shares the embeddings' weight
     causal: bool = field(default=True, metadata={'weights': False})  # False: bidirectional attention (masked LM)
-    init_scheme: str = field(default='torchtitan', metadata={'weights': False})  # fresh weights: INIT_SCHEMES
+    init_scheme: Literal[INIT_SCHEMES] = field(default='torchtitan', metadata={'weights': False})  # fresh weights:
+    #                                           torchtitan's depth-scaled init, or gpt2's
 
     @property
     def head_dim(self) -> int:
@@ -112,12 +123,6 @@ def rope_inverse_frequencies(config: LlamaConfig) -> torch.Tensor:
 
 
 INIT_STD = 0.02
-# How fresh weights are drawn. torchtitan (v0.2.2's llama3 ``init_weights``, depth_init): token embeddings N(0, 1)
-# (untied), q/k/v/gate 0.02, o/down/up 0.02 / sqrt(2 (layer + 1)); gpt2 (GPT-2's scaled residual init): embeddings
-# 0.02, o/down 0.02 / sqrt(2 layers), the rest 0.02. Both: an untied output layer dim^-0.5, cut at 3 std. On the
-# learning benchmark (docs/learning.md; 1B, 220 steps, one seed) the last 50 steps' loss was 2.97 with gpt2's, 2.62
-# with torchtitan's (torchtitan itself: 2.46).
-INIT_SCHEMES = ('torchtitan', 'gpt2')
 
 
 def residual_init_std(config: LlamaConfig, layer_id: int) -> float:

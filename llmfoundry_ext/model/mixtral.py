@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmfoundry_ext.bounds import NonNegativeFloat, PositiveInt
 from llmfoundry_ext.model import fused
 from llmfoundry_ext.model.kernels import KernelConfig
 from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, TransformerBlock, at, residual_init_std,
@@ -19,9 +20,9 @@ from llmfoundry_ext.model.llama import (INIT_STD, LlamaConfig, Transformer, Tran
 @dataclass(frozen=True)
 class MixtralConfig(LlamaConfig):
     """Llama's architecture fields (``ffn_dim`` is each expert's width) and the experts (HF ``MixtralConfig``)."""
-    n_experts: int = 8               # experts a block
-    experts_per_token: int = 2       # experts each token is routed to
-    router_aux_loss_coef: float = field(default=0.02, metadata={'weights': False})  # load-balancing loss weight
+    n_experts: PositiveInt = 8       # experts a block
+    experts_per_token: PositiveInt = 2  # experts each token is routed to (at most n_experts)
+    router_aux_loss_coef: NonNegativeFloat = field(default=0.02, metadata={'weights': False})  # load-balancing loss weight
 
     def feed_forward_params(self, active: bool = False) -> int:
         """The router and every expert, or (``active``) the router and the experts one token runs through."""
