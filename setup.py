@@ -5,6 +5,7 @@ install_requires = [
     'mosaicml>=0.32.1,<0.33',          # Composer; its stale torch pin is overridden (overrides.txt, Makefile)
     'mosaicml-streaming>=0.13.0,<0.14',
     'zstd>=1.5',                       # MDS shards' compression, as streaming writes it (llmfoundry_ext.data.mds)
+    'xxhash>=3',                       # MDS shards' checksums, as streaming records and checks them (data/mds.py)
     'transformers>=4.51',
     'tokenizers>=0.21',
     'datasets>=3.0',

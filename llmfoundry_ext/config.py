@@ -102,7 +102,7 @@ class LoaderConfig:
     num_canonical_nodes: Optional[PositiveInt] = None  # streaming's; fixed, the sample order survives a change in node count
     epoch_size: Optional[PositiveInt] = None  # samples per epoch (default: all samples of the streams, once)
     num_workers: NonNegativeInt = 0   # loader worker processes a rank
-    prefetch_factor: Optional[PositiveInt] = None  # batches each worker prepares ahead (with num_workers)
+    prefetch_factor: Optional[PositiveInt] = None  # batches each worker prepares ahead (read with num_workers > 0)
     drop_last: bool = True            # drop an epoch's last incomplete batch
 
 
@@ -616,6 +616,3 @@ def check_loader(loader: LoaderConfig, path: str) -> None:
     with_proportion = [s.proportion is not None for s in loader.streams.values()]
     if any(with_proportion) and not all(with_proportion):
         raise ConfigError(f'{path}.streams: give a proportion to every stream or to none')
-    if loader.prefetch_factor is not None and loader.num_workers == 0:
-        raise ConfigError(f'{path}.prefetch_factor: batches that loader workers prepare ahead, and {path}.num_workers '
-                          f'is 0; set num_workers or remove prefetch_factor')

@@ -18,6 +18,7 @@ from llmfoundry_ext.train import main as train_main
 from llmfoundry_ext.train import train
 from llmfoundry_ext.preflight import prepare
 from scripts.convert_checkpoint import main as checkpoint_main
+from tests.data.test_dataloader import damaged_beside
 from tests.conftest import REPO, write_yaml
 from tests.data_prep.test_sources import write_parquet
 
@@ -530,10 +531,21 @@ def test_a_corrupt_shard_found_in_training_stops_the_run_in_one_line_naming_it(w
                                 capture_output=True, text=True, timeout=120)
         errors = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith('error')]
         assert result.returncode == 1
-        assert errors == [f'error: shard {shard(stream)} cannot be read (Error: Decompression error: Data corruption '
-                          f'detected); re-convert its stream with data_prep/convert_to_mds.py (or restore the file), '
-                          f'then run the same command: it resumes from the last checkpoint']
+        assert errors == [f'error: shard {shard(stream)} cannot be read (ValueError: Checksum failure: {shard(stream)}); '
+                          f're-convert its stream with data_prep/convert_to_mds.py (or restore the file), then run the '
+                          f'same command: it resumes from the last checkpoint']
         assert not [name for name in os.listdir(folder) if name.startswith('ep')]  # no checkpoint of 0 batches
+
+
+def test_a_damaged_shard_in_the_local_cache_ends_an_evaluation_in_one_line_naming_it(world, tmp_path, capsys):
+    """A decompressed held-out shard overwritten in place, its size unchanged (streaming's IndexError before)."""
+    damaged = damaged_beside(world['stream'], tmp_path / 'held-out', checksums=True)
+    capsys.readouterr()
+    assert train_main([world['yaml'], f'data.eval.streams.a.local={tmp_path / "held-out"}', 'eval_interval=1ba',
+                       'max_duration=1ba', f'checkpoint.save_folder={tmp_path}/run']) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith('error')]
+    assert len(errors) == 1 and errors[0].startswith(f'error: shard {damaged} cannot be read (ValueError: its xxh3_64 '
+                                                     f'checksum is ')
 
 
 @pytest.mark.parametrize('workers', [0, 1])

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable
 
 import numpy as np
+import xxhash
 import zstd
 
 from llmfoundry_ext.atomic import atomic_folder
@@ -15,19 +16,23 @@ COLUMNS = {TOKENS: 'ndarray:uint32'}  # Llama-3's 128,256 ids do not fit uint16
 COMPRESSION = 'zstd'
 ZSTD_LEVEL = 3  # streaming's default for 'zstd'
 SHARD_SIZE = 64 << 20  # bytes; streaming's size_limit '64mb'
+HASH = 'xxh3_64'  # each shard file's checksum in index.json, as streaming's MDSWriter(hashes=[HASH]) records it:
+#                   streaming checks a compressed shard against it before decompressing (validate_hash), the
+#                   loader a decompressed one before its first read (data/dataloader.py)
 MANIFEST = 'manifest.json'
 SHAPE_DTYPES = ((1 << 8, 'uint8'), (1 << 16, 'uint16'), (1 << 32, 'uint32'))  # MDS's ndarray shape codes 0, 1, 2
 
 
 class ShardWriter:
     """Token windows -> MDS shards in ``folder``, the bytes streaming's ``MDSWriter(columns=COLUMNS,
-    compression=COMPRESSION, size_limit=SHARD_SIZE)`` writes (a test compares them, shards and index).
+    compression=COMPRESSION, hashes=[HASH], size_limit=SHARD_SIZE)`` writes (a test compares them, shards and
+    index).
 
     Our own because importing ``streaming`` imports torch: 3 s in every converting process, as long as tokenizing
     25 MB. Local folders only (the converter's parts); ``write`` takes one window, ``finish`` writes index.json."""
 
     CONFIG = {'column_encodings': [COLUMNS[TOKENS]], 'column_names': [TOKENS], 'column_sizes': [None],
-              'compression': COMPRESSION, 'format': 'mds', 'hashes': [], 'size_limit': SHARD_SIZE, 'version': 2}
+              'compression': COMPRESSION, 'format': 'mds', 'hashes': [HASH], 'size_limit': SHARD_SIZE, 'version': 2}
     CONFIG_BYTES = json.dumps(CONFIG, sort_keys=True).encode('utf-8')
     EMPTY_SHARD_BYTES = 8 + len(CONFIG_BYTES)  # a shard's sample count and end offset, and its config
 
@@ -54,8 +59,10 @@ class ShardWriter:
         compressed = zstd.compress(raw, ZSTD_LEVEL)
         with open(os.path.join(self.folder, f'{name}.zstd'), 'wb') as file:
             file.write(compressed)
-        self.shards.append({'samples': count, 'raw_data': {'basename': name, 'bytes': len(raw), 'hashes': {}},
-                            'zip_data': {'basename': f'{name}.zstd', 'bytes': len(compressed), 'hashes': {}},
+        self.shards.append({'samples': count,
+                            'raw_data': {'basename': name, 'bytes': len(raw), 'hashes': checksum(raw)},
+                            'zip_data': {'basename': f'{name}.zstd', 'bytes': len(compressed),
+                                         'hashes': checksum(compressed)},
                             **self.CONFIG})
         self.samples, self.size = [], self.EMPTY_SHARD_BYTES
 
@@ -64,6 +71,11 @@ class ShardWriter:
             self.flush()
         with open(os.path.join(self.folder, 'index.json'), 'w') as file:
             json.dump({'version': 2, 'shards': self.shards}, file, sort_keys=True)
+
+
+def checksum(data: bytes) -> dict[str, str]:
+    """A shard file's entry of hashes in index.json ({HASH: hex digest}, as streaming's ``get_hash`` gives it)."""
+    return {HASH: xxhash.xxh3_64_hexdigest(data)}
 
 
 def encode_window(window: np.ndarray) -> bytes:

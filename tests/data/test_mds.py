@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from streaming import MDSWriter, StreamingDataset
 
-from llmfoundry_ext.data.mds import COLUMNS, COMPRESSION, SHARD_SIZE, ShardWriter, write_mds
+from llmfoundry_ext.data.mds import COLUMNS, COMPRESSION, HASH, SHARD_SIZE, ShardWriter, write_mds
 
 
 def test_write_mds_round_trip_and_manifest(tmp_path):
@@ -30,7 +30,8 @@ def test_shard_writer_writes_the_bytes_of_streamings_mds_writer(tmp_path, window
     for tokens in windows:
         writer.write(tokens)
     writer.finish()
-    with MDSWriter(out=str(theirs), columns=COLUMNS, compression=COMPRESSION, size_limit='64mb') as reference:
+    with MDSWriter(out=str(theirs), columns=COLUMNS, compression=COMPRESSION, hashes=[HASH],
+                   size_limit='64mb') as reference:
         assert reference.size_limit == SHARD_SIZE
         for tokens in windows:
             reference.write({'tokens': tokens})
