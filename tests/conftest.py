@@ -4,9 +4,15 @@ import os
 import shutil
 import sys
 
-import numpy as np
-import pytest
-import torch
+# Inductor on the CPU, in the suite's processes and those they start: it compiles in the compiling process (no pool
+# of compile workers to start, each importing torch), and takes the C++ compiler's vector instructions to work (each
+# compiling process otherwise builds and loads a probe for each in a subprocess of its own: ~7 s of CPU a process)
+os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
+os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '1')
+
+import numpy as np  # noqa: E402  (after the environment above, which torch reads)
+import pytest  # noqa: E402
+import torch  # noqa: E402
 import yaml
 
 from llmfoundry_ext.data.mds import write_mds
@@ -44,6 +50,22 @@ def tf32_as_the_test_found_it():
     flags = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+@pytest.fixture(autouse=True, scope='session')
+def launch_server(tmp_path_factory):
+    """This pytest process's fork server for the launches of FORKED (tests/launch_server.py), named to them by the
+    environment they inherit: one import of the trainer for all of them. It ends with this process."""
+    import subprocess
+    from tests.forked_launch import SERVER
+    path = str(tmp_path_factory.mktemp('launch-server') / 'socket')
+    server = subprocess.Popen([sys.executable, os.path.join(REPO, 'tests', 'launch_server.py'), path],
+                              stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    os.environ[SERVER] = path
+    yield path
+    del os.environ[SERVER]
+    server.stdin.close()
+    server.wait(timeout=60)
 
 
 @pytest.fixture(autouse=True, scope='session')

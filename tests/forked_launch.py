@@ -6,17 +6,22 @@ from this process once it has imported the trainer: one import a launch (~6 s of
 launcher's and each rank's. Safe for gloo: this process starts no thread and no process group before it forks; each
 rank makes its own. A rank that fails ends the others (torch's ProcessContext), and its exit status is the launch's.
 The tests of the launch itself (the Slurm job that loses a node, kill and resume, scripts/evaluate.py under the
-launcher) run Composer's launcher (llmfoundry_ext.launch)."""
+launcher) run Composer's launcher (llmfoundry_ext.launch).
+
+Where LAUNCH_SERVER names the socket of the suite's fork server (tests/launch_server.py, one a pytest process), the
+launch is forked from that server, which imported the trainer once for all of them: this process then imports
+nothing heavy, hands the server its streams, folder, environment and arguments, and exits with the launch's
+status."""
 import argparse
 import atexit
 import gc
 import os
 import runpy
+import socket
+import struct
 import sys
 
-import llmfoundry_ext.train  # noqa: F401  what every rank imports, once, before the fork
-from composer.utils import get_free_tcp_port
-from torch.multiprocessing import ProcessExitedException, ProcessRaisedException, start_processes
+SERVER = 'LAUNCH_SERVER'  # the fork server's socket (tests/conftest.py)
 
 
 def run_rank(local_rank: int, node: argparse.Namespace, port: int) -> None:
@@ -52,6 +57,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
+    import llmfoundry_ext.train  # noqa: F401  what every rank imports, once, before the fork
+    from composer.utils import get_free_tcp_port
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException, start_processes
     node = parse(argv)
     gc.freeze()  # the imported objects: no rank's collections walk them (and copy their pages)
     try:
@@ -65,5 +73,22 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def through_server(path: str, argv: list[str]) -> int:
+    """The launch forked by the server at ``path``: its exit status (1, said, if the server went away)."""
+    from tests.launch_server import send_request
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(path)
+        send_request(connection, {'argv': argv, 'cwd': os.getcwd(), 'env': dict(os.environ)})
+        status = connection.recv(4)
+    if len(status) < 4:
+        print(f'forked_launch: the launch server at {path} went away', file=sys.stderr)
+        return 1
+    return struct.unpack('!i', status)[0]
+
+
 if __name__ == '__main__':
+    server = os.environ.get(SERVER)
+    if server and os.path.exists(server):
+        sys.path[0] = os.path.dirname(sys.path[0])  # the repository, for tests.launch_server
+        sys.exit(through_server(server, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

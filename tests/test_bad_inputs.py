@@ -19,7 +19,7 @@ from llmfoundry_ext.train import train
 from llmfoundry_ext.preflight import prepare
 from scripts.convert_checkpoint import main as checkpoint_main
 from tests.data.test_dataloader import damaged_beside
-from tests.conftest import REPO, write_yaml
+from tests.conftest import FORKED, REPO, write_yaml
 from tests.data_prep.test_sources import write_parquet
 
 COMMANDS = {'train': train_main, 'convert': convert_main, 'checkpoint': checkpoint_main}
@@ -521,9 +521,11 @@ def zeroed_compressed_shard(folder: str) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize('processes', [1, 2])
 def test_a_corrupt_shard_found_in_training_stops_the_run_in_one_line_naming_it(world, tmp_path, processes):
-    """Streaming ended the epoch early (a "complete" run of 0 batches, with a checkpoint) or waited for ever."""
+    """Streaming ended the epoch early (a "complete" run of 0 batches, with a checkpoint) or waited for ever. Two
+    processes under Composer's launcher (the one that finds it prints the line); one forked from the suite's import
+    (FORKED), in a process of its own, as streaming's threads may hang."""
     stream = variant(world, tmp_path, 'stream', zeroed_compressed_shard)
-    launcher = [*LAUNCHER, '-n', '2'] if processes == 2 else [sys.executable]
+    launcher = [*LAUNCHER, '-n', '2'] if processes == 2 else [*FORKED, '-n', '1']
     for attempt in range(2 if processes == 1 else 1):  # it lands in streaming's threads at different moments
         folder = tmp_path / f'run{attempt}'
         result = subprocess.run([*launcher, os.path.join(REPO, 'train.py'), world['yaml'], 'max_duration=1ep',

@@ -179,9 +179,11 @@ def harness_model(folder: str, batch_tokens: int) -> HarnessModel:
 
 def evaluate(tasks_folder: str, model, model_args: dict | None = None, tasks: list[str] = TASKS[:2],
              num_fewshot: int = 0) -> dict:
+    """The harness's own ``simple_evaluate`` on the local tasks (the harness's ~14,000 task YAMLs left unindexed: ~5 s
+    a call that no task here needs; no process pool forked from this worker)."""
     return simple_evaluate(model=model, model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, device='cpu',
-                           batch_size=16, task_manager=TaskManager(include_path=tasks_folder), log_samples=True,
-                           bootstrap_iters=0)  # no process pool forked from this worker
+                           batch_size=16, task_manager=TaskManager(include_path=tasks_folder, include_defaults=False),
+                           log_samples=True, bootstrap_iters=0)
 
 
 def per_sample(results: dict, task: str) -> list[tuple[int, list]]:

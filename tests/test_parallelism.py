@@ -17,7 +17,7 @@ from llmfoundry_ext.config import load
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import REPO, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
+from tests.conftest import FORKED, REPO, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)
@@ -185,9 +185,9 @@ def test_context_parallel_forward_equals_the_whole_sequence_on_the_cpu(tmp_path)
 
 
 def run_context_parallel_worker(tmp_path, *args) -> dict:
+    """tests/context_parallel_worker.py on 2 ranks forked from one import (FORKED: the launch is not the subject)."""
     out = tmp_path / 'context_parallel.json'
-    command = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--rdzv_backend', 'c10d',
-               '--rdzv_endpoint', 'localhost:0', 'tests/context_parallel_worker.py', str(out), *args]
+    command = [*FORKED, '-n', '2', 'tests/context_parallel_worker.py', str(out), *args]
     run = subprocess.run(command, cwd=REPO, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # output live
     assert run.returncode == 0, f'the worker ended with exit status {run.returncode}: its output is above'
     return json.loads(out.read_text())

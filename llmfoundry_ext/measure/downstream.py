@@ -174,7 +174,7 @@ def hf_evaluate(export_folder: str, task: dict, batch_size: str, device: str) ->
     import torch
     model = HFLM(pretrained=export_folder, dtype='bfloat16' if device.startswith('cuda') else 'float32',
                  batch_size=batch_size, device=device)
-    manager = TaskManager(include_path=os.path.dirname(task['yaml']))
+    manager = TaskManager(include_path=os.path.dirname(task['yaml']), include_defaults=False)  # the local task alone
     started = time.perf_counter()
     results = simple_evaluate(model=model, tasks=[TASK], task_manager=manager, log_samples=True, random_seed=None,
                               numpy_random_seed=None, torch_random_seed=None, bootstrap_iters=0)

@@ -13,7 +13,9 @@ import time
 import pytest
 
 from llmfoundry_ext.launch import LAUNCHER
+from llmfoundry_ext.train import main as train_main
 from tests.conftest import FORKED, REPO, demo_data, global_batches
+from tests.forked_launch import SERVER
 
 SLURM = os.path.join(REPO, 'scripts', 'slurm')
 STUBS = {
@@ -96,6 +98,7 @@ class Job:
         nodes_started = []
         for node in range(nodes):
             env = {**os.environ, 'PATH': self.paths[launcher], 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
+                   SERVER: '',  # each node forks its ranks in its own namespace, not from the suite's server
                    'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
                    'OMP_NUM_THREADS': '1'}
             with open(self.folder / f'{name}-node{node}.log', 'a') as log:  # the node's processes keep their copy
@@ -141,10 +144,12 @@ def wait_for(path, text: str, seconds: float) -> None:
 @pytest.mark.timeout(900)
 def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own_shm, tmp_path):
     """2 nodes x 2 processes through launch.sh: kill -9 of node 1 stops node 0 within 60 s with one line naming
-    node 1; re-submitted as 2 x 2 or 4 x 1 it resumes, and every global batch holds the samples of the
-    uninterrupted 2 x 2 run's (one node resuming a two-process run: tests/measure/test_chaos.py). The job that loses a node runs Composer's launcher on each node (through
-    llmfoundry_ext.launch, as the other tests do); the others, whose subject is the data order over node counts, fork
-    a node's ranks from one import (tests/forked_launch.py, Composer's arguments and environment)."""
+    node 1; re-submitted as 2 x 2 or 4 x 1 it resumes, and every global batch holds the samples of the uninterrupted
+    run's: one process in this one (what train.py runs) with the 2 canonical nodes streaming gives a 2-node job (one
+    node resuming a two-process run: tests/measure/test_chaos.py). The job that loses a node runs Composer's launcher
+    on each node (through llmfoundry_ext.launch, as the other tests do); the resumed ones, whose subject is the data
+    order over node counts, fork a node's ranks from one import (tests/forked_launch.py, Composer's arguments and
+    environment)."""
     paths = {}
     for launcher, command in (('composer', LAUNCHER), ('forked', FORKED)):
         stubs = tmp_path / f'bin-{launcher}'
@@ -159,8 +164,10 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own
         f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'eval_subset_num_batches=2',
         'log_interval=1ba', 'progress_bar=false', 'node_timeout_s=10',
         'downstream=null'])  # each of the 20 processes' preflight would load the task (~8 s)
-    job.run('uninterrupted', 2, 2)
-    expected = job.global_batches('uninterrupted', 4)
+    assert train_main([os.path.join(REPO, 'yamls', 'demo.yaml'), *job.overrides, 'data.train.num_canonical_nodes=2',
+                       f"checkpoint.save_folder={tmp_path / 'uninterrupted' / 'checkpoints'}",
+                       f"callbacks.sample_ledger.folder={tmp_path / 'uninterrupted' / 'ledger'}"]) == 0
+    expected = job.global_batches('uninterrupted', 1)
     assert [len(ids) for ids in expected] == [8] * BATCHES
 
     node0, node1 = job.start('killed', 2, 2, launcher='composer')
