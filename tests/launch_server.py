@@ -10,6 +10,7 @@ group of its own: when its client goes away (a test's timeout, a kill), the grou
 Forking from here is as safe as forked_launch's own fork of its ranks: this process starts no thread and no process
 group. Python's standard library had nothing of this shape (multiprocessing's forkserver starts functions, not a
 command's launch with the caller's streams)."""
+import ctypes
 import gc
 import json
 import os
@@ -21,6 +22,8 @@ import sys
 import traceback
 
 REQUEST_FDS = 3  # the client's stdin, stdout and stderr
+OWN_SHM = 'LAUNCH_OWN_SHM'  # =1 in a launch's environment: it runs as a node of its own (``own_dev_shm``)
+CLONE_NEWNS, CLONE_NEWUSER, MS_REC, MS_PRIVATE = 0x20000, 0x10000000, 0x4000, 0x40000  # <sched.h>, <sys/mount.h>
 
 
 def receive_request(connection: socket.socket) -> tuple[dict, list[int]]:
@@ -57,9 +60,33 @@ def run_launch(request: dict, fds: list[int]) -> int:
     os.chdir(request['cwd'])
     os.environ.clear()
     os.environ.update(request['env'])
+    if os.environ.get(OWN_SHM) == '1':
+        own_dev_shm()
     sys.path[:0] = [path for path in request['env'].get('PYTHONPATH', '').split(os.pathsep) if path]
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return main(request['argv'])
+
+
+def own_dev_shm() -> None:
+    """This process and those it starts in a user and mount namespace of their own with an empty /dev/shm, as a node
+    of its own has (``unshare --user --map-root-user --mount`` and ``mount -t tmpfs tmpfs /dev/shm``): streaming
+    keeps one set of shared memory a node there, so nodes simulated on one machine need one each (the Slurm test)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    steps = [lambda: libc.unshare(CLONE_NEWUSER | CLONE_NEWNS),
+             lambda: write('/proc/self/setgroups', 'deny'), lambda: write('/proc/self/uid_map', f'0 {uid} 1'),
+             lambda: write('/proc/self/gid_map', f'0 {gid} 1'),
+             lambda: libc.mount(b'none', b'/', None, MS_REC | MS_PRIVATE, None),
+             lambda: libc.mount(b'tmpfs', b'/dev/shm', b'tmpfs', 0, None)]
+    for step in steps:
+        if step():
+            raise OSError(ctypes.get_errno(), 'a node of its own: unshare or mount failed')
+
+
+def write(path: str, text: str) -> int:
+    with open(path, 'w') as file:
+        file.write(text)
+    return 0
 
 
 def fork_launch(connection: socket.socket, others: list[socket.socket]) -> int:

@@ -178,17 +178,20 @@ def test_blocks_compile_without_peak_memory_reordering_under_context_parallelism
 def test_context_parallel_forward_equals_the_whole_sequence_on_the_cpu(tmp_path):
     """Two gloo processes, flex with packed documents (the CPU runs flex's forward, not its backward): the loss of the
     sequence split over both, each rank's token mean scaled by its share of the labels, equals the whole sequence's
-    (the first 128 labels of row 0 are -100, so the ranks' label counts differ)."""
+    (the first 128 labels of row 0 are -100, so the ranks' label counts differ). torch.compile is off: flex runs
+    unfused, as its loss needs (compiling it on the CPU took ~15 s a rank; compiled flex on the CPU:
+    tests/model/test_llama.py; under context parallelism on GPUs: tests/test_parallelism_gpu.py)."""
     result = run_context_parallel_worker(tmp_path, '--device', 'cpu', '--backend', 'flex', '--seq', '1024',
-                                         '--documents', '--forward-only')
+                                         '--documents', '--forward-only', env={'TORCHDYNAMO_DISABLE': '1'})
     assert abs(result['loss'] - result['expected_loss']) < 1e-5, result
 
 
-def run_context_parallel_worker(tmp_path, *args) -> dict:
-    """tests/context_parallel_worker.py on 2 ranks forked from one import (FORKED: the launch is not the subject)."""
+def run_context_parallel_worker(tmp_path, *args, env: dict | None = None) -> dict:
+    """tests/context_parallel_worker.py on 2 ranks forked from one import (FORKED: the launch is not the subject);
+    ``env``: more of the launch's environment."""
     out = tmp_path / 'context_parallel.json'
     command = [*FORKED, '-n', '2', 'tests/context_parallel_worker.py', str(out), *args]
-    run = subprocess.run(command, cwd=REPO, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1'})  # output live
+    run = subprocess.run(command, cwd=REPO, timeout=900, env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
     assert run.returncode == 0, f'the worker ended with exit status {run.returncode}: its output is above'
     return json.loads(out.read_text())
 

@@ -15,7 +15,7 @@ import pytest
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.train import main as train_main
 from tests.conftest import FORKED, REPO, demo_data, global_batches
-from tests.forked_launch import SERVER
+from tests.launch_server import OWN_SHM
 
 SLURM = os.path.join(REPO, 'scripts', 'slurm')
 STUBS = {
@@ -98,12 +98,12 @@ class Job:
         nodes_started = []
         for node in range(nodes):
             env = {**os.environ, 'PATH': self.paths[launcher], 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
-                   SERVER: '',  # each node forks its ranks in its own namespace, not from the suite's server
                    'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
-                   'OMP_NUM_THREADS': '1'}
+                   'OMP_NUM_THREADS': '1', OWN_SHM: '1'}  # a forked node: its own /dev/shm made by the server
+            own_shm = self.own_shm if launcher == 'composer' else []
             with open(self.folder / f'{name}-node{node}.log', 'a') as log:  # the node's processes keep their copy
                 nodes_started.append(subprocess.Popen(
-                    [*self.own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
+                    [*own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
                      f'checkpoint.save_folder={self.folder / name / "checkpoints"}',
                      f'callbacks.sample_ledger.folder={self.folder / name / "ledger"}'],
                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
