@@ -218,7 +218,8 @@ def prompts(results: dict, task: str) -> list[tuple[int, str]]:
 @pytest.mark.timeout(600)
 def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(trained, tasks_folder, tmp_path):
     """Ours on the to-hf export (zero-shot, and 2-shot with the generation task), and scripts/evaluate.py on the
-    run's checkpoint in one process and two (2-shot), beside the harness's HF backend."""
+    run's checkpoint in one process and two (2-shot: its ranks forked from the suite's import, in the environment
+    Composer's launcher gives them), beside the harness's HF backend."""
     export_to_hf(trained, str(tmp_path / 'hf'), torch.float32)
     hf = {'pretrained': str(tmp_path / 'hf'), 'dtype': 'float32'}
     for shots, tasks in ((0, TASKS[:2]), (2, TASKS)):
@@ -232,8 +233,8 @@ def test_harness_metrics_and_log_likelihoods_equal_its_hf_backend_on_the_export(
     arguments = [trained, '--tasks', *TASKS, '--include', tasks_folder, '--batch-tokens', '300', '--num-fewshot', '2']
     assert evaluate_main([*arguments, '--json', str(tmp_path / 'evaluate.json')]) == 0
     assert_same_scores(json.loads((tmp_path / 'evaluate.json').read_text()), theirs)
-    two_processes = subprocess.run(
-        [*LAUNCHER, '-n', '2', os.path.join(REPO, 'scripts', 'evaluate.py'), *arguments, '--json',
+    two_processes = subprocess.run(  # ranks forked as Composer's launcher starts them (FORKED: not the subject)
+        [*FORKED, '-n', '2', os.path.join(REPO, 'scripts', 'evaluate.py'), *arguments, '--json',
          str(tmp_path / 'evaluate2.json')], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert two_processes.returncode == 0, two_processes.stderr[-2000:]
     assert 'scored by 2 processes, each its share of the requests built as one process builds them' in (

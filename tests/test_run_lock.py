@@ -44,7 +44,9 @@ def short_run(tiny_config, tmp_path) -> tuple[str, str]:
 
 @pytest.mark.parametrize('host, age_s', [(socket.gethostname(), 0.0), ('another-node', 60.0)],
                          ids=['this host, alive', 'another host, refreshed a minute ago'])
-def test_a_held_save_folder_refuses_a_second_run_in_one_line(tiny_config, tmp_path, capsys, sleeper, host, age_s):
+def test_a_held_save_folder_refuses_a_second_run_in_one_line(tiny_config, tmp_path, capsys, sleeper, host, age_s,
+                                                             monkeypatch):
+    monkeypatch.setattr(run_lock, 'DYING_S', 0.5)  # the live holder's time to exit (5 s) passes sooner
     path, folder = short_run(tiny_config, tmp_path)
     lock = write_lock(folder, sleeper, host, age_s)
     capsys.readouterr()
