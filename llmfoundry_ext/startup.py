@@ -13,6 +13,11 @@ them look absent to the module that probes for them while that module executes, 
 is changed on disk, and a package a run's own code imports later (transformers for downstream tasks, matplotlib for
 plots) imports as usual. Composer has no setting for any of it.
 
+mosaicml-streaming imports transformers (~0.6 s of CPU a process) for two names its loader checks batches against
+(``BatchEncoding``, ``BatchFeature``: dicts here) and the tokenizer of its C4 and Pile datasets: while streaming
+executes it gets stand-ins for those (``STAND_INS_WHILE_IMPORTING``), removed once it has, so that transformers
+itself imports as usual where a run uses it.
+
 Composer also asks py-cpuinfo for the CPU's name (checkpoint metadata) once a process, which starts a Python
 subprocess (~1.2 s of CPU); on Linux the same name is /proc/cpuinfo's ``model name``.
 """
@@ -21,6 +26,7 @@ import functools
 import importlib.abc
 import importlib.util
 import sys
+import types
 from collections.abc import Iterator
 
 # module -> packages that look absent while it executes (each probes with find_spec or a guarded import)
@@ -35,6 +41,40 @@ TORCHMETRICS_FLAGS = ('_TRANSFORMERS_AVAILABLE', '_TRANSFORMERS_GREATER_EQUAL_4_
                       '_TRANSFORMERS_GREATER_EQUAL_4_10', '_MATPLOTLIB_AVAILABLE', '_SCIPY_AVAILABLE',
                       '_SCIPY_GREATER_EQUAL_1_8', '_SCIPI_AVAILABLE')
 LOADED_ON_FIRST_USE = ('mcli',)
+
+
+class BatchEncoding(dict):
+    """Stands in for transformers' class of that name in streaming's loader (whose batches here are dicts)."""
+
+
+class BatchFeature(dict):
+    """Likewise."""
+
+
+# module -> modules (with the names it takes from them) that stand in while it executes
+STAND_INS_WHILE_IMPORTING = {'streaming': {
+    'transformers': {}, 'transformers.models': {}, 'transformers.models.auto': {},
+    'transformers.feature_extraction_utils': {'BatchFeature': BatchFeature},
+    'transformers.tokenization_utils_base': {'BatchEncoding': BatchEncoding},
+    'transformers.models.auto.tokenization_auto': {'AutoTokenizer': None},  # its C4 and Pile datasets' (unused)
+}}
+
+
+@contextlib.contextmanager
+def standing_in(modules: dict) -> Iterator[None]:
+    """``modules`` (name -> attributes) in ``sys.modules`` inside, unless their package is imported already."""
+    if not modules or any(name.split('.')[0] in sys.modules for name in modules):
+        yield
+        return
+    for name, attributes in modules.items():
+        sys.modules[name] = types.ModuleType(name)
+        sys.modules[name].__path__ = []  # a package: its stand-in submodules import under it
+        vars(sys.modules[name]).update(attributes)
+    try:
+        yield
+    finally:
+        for name in modules:
+            del sys.modules[name]
 
 
 @contextlib.contextmanager
@@ -89,7 +129,8 @@ AFTER_IMPORT = {
 
 
 class AdjustedLoader(importlib.abc.Loader):
-    """The module's own loader, with ``ABSENT_WHILE_IMPORTING`` around its execution and ``AFTER_IMPORT`` after."""
+    """The module's own loader, with ``ABSENT_WHILE_IMPORTING`` and ``STAND_INS_WHILE_IMPORTING`` around its execution
+    and ``AFTER_IMPORT`` after."""
 
     def __init__(self, loader, name: str):
         self.loader, self.name = loader, name
@@ -98,7 +139,8 @@ class AdjustedLoader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
-        with absent(ABSENT_WHILE_IMPORTING.get(self.name, ())):
+        stand_ins = STAND_INS_WHILE_IMPORTING.get(self.name, {})
+        with absent(ABSENT_WHILE_IMPORTING.get(self.name, ())), standing_in(stand_ins):
             self.loader.exec_module(module)
         if self.name in AFTER_IMPORT:
             AFTER_IMPORT[self.name](module)
@@ -108,7 +150,7 @@ class StartupFinder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: finds the modules named above as the other finders do, then adjusts their loader."""
 
     def find_spec(self, name, path, target=None):
-        if name not in ABSENT_WHILE_IMPORTING and name not in AFTER_IMPORT and name not in LOADED_ON_FIRST_USE:
+        if name not in (*ABSENT_WHILE_IMPORTING, *AFTER_IMPORT, *LOADED_ON_FIRST_USE, *STAND_INS_WHILE_IMPORTING):
             return None
         spec = next(filter(None, (finder.find_spec(name, path, target) for finder in sys.meta_path
                                   if finder is not self and hasattr(finder, 'find_spec'))), None)

@@ -9,8 +9,9 @@ import pytest
 from tests.conftest import REPO
 
 # the heaviest packages each deferral keeps out (torchmetrics' text metrics: sklearn via transformers' AutoModel;
-# its plots: matplotlib; its audio: scipy; Composer's PEFT and MosaicML-platform integrations: peft, prompt_toolkit)
-SKIPPED = ('matplotlib', 'peft', 'prompt_toolkit', 'scipy', 'sklearn')
+# its plots: matplotlib; its audio: scipy; Composer's PEFT and MosaicML-platform integrations: peft, prompt_toolkit;
+# streaming's loader and text datasets: transformers)
+SKIPPED = ('matplotlib', 'peft', 'prompt_toolkit', 'scipy', 'sklearn', 'transformers')
 
 
 def test_the_trainer_imports_none_of_the_skipped_packages(trainer_import):
@@ -36,9 +37,10 @@ def test_each_skipped_package_works_when_used():
     assert composer.models.huggingface.peft_installed is False
     assert not torchmetrics.utilities.imports._TRANSFORMERS_GREATER_EQUAL_4_4
     import scipy.signal
-    from transformers import AutoModel
+    from transformers import AutoModel, BatchEncoding
     assert scipy.signal.windows.hamming(3).tolist() == pytest.approx([0.08, 1.0, 0.08])
     assert AutoModel.__name__ == 'AutoModel'
+    assert BatchEncoding.__module__ == 'transformers.tokenization_utils_base'  # the real one, not streaming's stand-in
 
 
 def test_composer_reads_the_cpu_name_without_a_subprocess(monkeypatch):
