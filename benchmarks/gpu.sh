@@ -2,9 +2,14 @@
 # The GPU runs behind the README's performance table and the shipped-YAML checks, on a GPU machine with its own
 # torch: Composer, streaming, liger-kernel and torchao come as wheels (bash ../shared/tools/device-wheels.sh
 # torchao==0.17.0 fills .whl/), torchtitan from bash ../shared/anchors/prepare.sh (.anchors/). From the repo root:
-#   bash benchmarks/gpu.sh tests [pytest args]  make test-gpu on the GPUs present (args: instead of tests/; make splits
-#                                               them at spaces, so a -k expression goes in PYTEST_ADDOPTS='-k "a and
-#                                               not b"', or name the cases: 'path::test[id]')
+#   bash benchmarks/gpu.sh tests [PART ...]    the GPU suite (make test-gpu) in named parts (default: all), each
+#                                               under an 8-minute limit, its log $OUT/tests-PART.log; then a table of
+#                                               parts, seconds and results (COMMIT names the code). Parts: units,
+#                                               checkpointing, shipped-1b, shipped-mlm1b, shipped-8b, shipped-70b,
+#                                               shipped-mixtral (one GPU or more); 2gpu (context parallel and
+#                                               llama8b-131k.yaml: listed as not run on one GPU)
+#   bash benchmarks/gpu.sh tests-of [pytest args]  make test-gpu on the named tests (make splits its arguments at
+#                                               spaces: a -k expression goes in PYTEST_ADDOPTS='-k "a and not b"')
 #   bash benchmarks/gpu.sh shipped              llama8b.yaml as shipped (data and global batch aside) and llama70b.yaml
 #                                               with 2 layers: 10 steps and a checkpoint, then the same command resumes
 #                                               to 20 (shipped-8b, shipped-70b: one of them)
@@ -102,6 +107,48 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 GPUS=$(nvidia-smi -L | wc -l)
 python3 -c "import torch, composer, streaming; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), \
 'x', torch.cuda.device_count(), '| composer', composer.__version__, '| streaming', streaming.__version__)"
+
+SHIPPED=tests/test_shipped_yamls_gpu.py::test_shipped_yaml_trains_on_the_gpus_and_checkpoints
+CHECKPOINTING=tests/test_parallelism_gpu.py::test_checkpointing_modes_match_the_model_without_checkpointing
+declare -A PART_TESTS=(  # each part's tests: one H200 runs every part within PART_LIMIT
+  [units]="tests/test_train_gpu.py tests/model/test_attention_gpu.py tests/model/test_mixtral_gpu.py
+    tests/test_clipping.py tests/test_parallelism_gpu.py::test_the_float8_output_layer_gives_the_bf16_loss_and_gradients_without_more_memory"
+  [checkpointing]="$CHECKPOINTING"
+  [shipped-1b]="$SHIPPED[llama1b.yaml]"
+  [shipped-mlm1b]="$SHIPPED[mlm1b.yaml]"
+  [shipped-8b]="$SHIPPED[llama8b.yaml]"
+  [shipped-70b]="$SHIPPED[llama70b.yaml]"
+  [shipped-mixtral]="$SHIPPED[mixtral8x7b.yaml]"
+  [2gpu]="tests/test_parallelism_gpu.py::test_context_parallel_2_gives_the_losses_and_gradients_of_the_whole_sequence
+    tests/test_parallelism_gpu.py::test_full_except_attention_under_context_parallel_2_keeps_the_ring_out_of_the_recomputation
+    $SHIPPED[llama8b-131k.yaml]"
+)
+PARTS=(units checkpointing shipped-1b shipped-mlm1b shipped-8b shipped-70b shipped-mixtral 2gpu)
+PART_LIMIT=${PART_LIMIT:-480}  # seconds: a part that does not end within it fails (timeout's exit status 124)
+
+gpu_tests() {  # [part ...]: each part's tests (default: every part) under PART_LIMIT, its log $OUT/tests-PART.log;
+  # a part whose tests need 2 GPUs is listed as not run on one; then the table (the console only: a call brings
+  # back 8 files, the parts' logs)
+  local part rows=() t0 status result
+  for part in "${@:-${PARTS[@]}}"; do
+    [ -n "${PART_TESTS[$part]:-}" ] || { echo "no part '$part'; parts: ${PARTS[*]}"; return 2; }
+    if [[ $part == 2gpu && $GPUS -lt 2 ]]; then
+      rows+=("$(printf '%-16s %6s  %s' "$part" - 'not run: needs 2 GPUs')"); continue
+    fi
+    t0=$SECONDS
+    echo "===== part $part: ${PART_TESTS[$part]//$'\n'/ }"
+    timeout --kill-after=20 $PART_LIMIT make test-gpu TEST_PYTHON=python3 TESTS="$(echo ${PART_TESTS[$part]})" \
+      > "$OUT/tests-$part.log" 2>&1
+    status=$?
+    result=$(grep -E '^(=+ )?[0-9]+ (passed|failed|skipped|error)' "$OUT/tests-$part.log" | tail -1 | tr -d '=')
+    [ $status = 124 ] && result="cut at ${PART_LIMIT} s: $result"
+    rows+=("$(printf '%-16s %6s  exit %s: %s' "$part" $((SECONDS - t0)) $status "${result:-no summary}")")
+    tail -3 "$OUT/tests-$part.log"
+  done
+  { echo "$(python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())') x $GPUS, commit" \
+      "${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}"
+    printf '%-16s %6s  %s\n' part seconds result; printf '%s\n' "${rows[@]}"; }
+}
 
 data_root() {  # the shipped YAMLs' six streams, train (1,024 windows: the 70B's canonical nodes) and val (64), with
   # 8,192-token windows of random Llama-3 ids
@@ -302,7 +349,8 @@ profile() {  # flavor local-batch yaml mode [ours]: ours (scripts/profile_run.py
 }
 
 case "${1:-}" in
-  tests) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
+  tests) shift; gpu_tests "$@" ;;
+  tests-of) shift; make test-gpu TEST_PYTHON=python3 TESTS="${*:-tests}" ;;
   shipped) shipped llama8b.yaml && shipped llama70b.yaml 2 ;;
   shipped-8b) shipped llama8b.yaml ;;
   shipped-70b) shipped llama70b.yaml 2 ;;

@@ -4,19 +4,21 @@ import os
 import shutil
 import sys
 
-# Inductor on the CPU, in the suite's processes and those they start: it compiles in the compiling process (no pool
-# of compile workers to start, each importing torch), and takes the C++ compiler's vector instructions to work (each
-# compiling process otherwise builds and loads a probe for each in a subprocess of its own: ~7 s of CPU a process)
-os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
-os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '1')
-
-import numpy as np  # noqa: E402  (after the environment above, which torch reads)
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 import yaml
 
-from llmfoundry_ext.data.mds import write_mds
-from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path
+if not torch.cuda.is_available():
+    # Inductor on the CPU, in the suite's processes and those they start (read when its config first imports): it
+    # compiles in the compiling process (no pool of compile workers, each importing torch, to start), and takes the
+    # C++ compiler's vector instructions to work (its probe of each otherwise builds and loads a program in a
+    # subprocess of its own, each compiling process)
+    os.environ.setdefault('TORCHINDUCTOR_COMPILE_THREADS', '1')
+    os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '1')
+
+from llmfoundry_ext.data.mds import write_mds  # noqa: E402  (after the environment above)
+from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the ``composer`` command as users run it (the shipped YAMLs on GPUs); the CPU tests of a launch run Composer's
