@@ -85,13 +85,15 @@ def human_bytes(count: int) -> str:
 
 
 def is_disk_full(error: BaseException) -> bool:
-    """An ENOSPC in ``error``, its cause, or the failures torch.distributed.checkpoint collected from the ranks (each
-    an exception, or an (exception, traceback) pair)."""
+    """An ENOSPC in ``error``, what it was raised from or while handling (torch.save's zip writer, closing after the
+    failed write, raises its own RuntimeError), or the failures torch.distributed.checkpoint collected from the ranks
+    (each an exception, or an (exception, traceback) pair)."""
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         return True
     failures = [failure[0] if isinstance(failure, tuple) else failure
                 for failure in (getattr(error, 'failures', None) or {}).values()]
-    return any(isinstance(inner, BaseException) and is_disk_full(inner) for inner in [*failures, error.__cause__])
+    return any(isinstance(inner, BaseException) and is_disk_full(inner)
+               for inner in [*failures, error.__cause__, error.__context__])
 
 
 def stop_on_nonfinite_weights(state, checkpoint: str) -> None:
