@@ -5,8 +5,8 @@ rank 0's output here, the others' discarded), but forks them, with torch.multipr
 from this process once it has imported the trainer: one import a launch (~6 s of CPU on 2 cores) in place of the
 launcher's and each rank's. Safe for gloo: this process starts no thread and no process group before it forks; each
 rank makes its own. A rank that fails ends the others (torch's ProcessContext), and its exit status is the launch's.
-The tests of the launch itself (the Slurm job that loses a node, kill and resume, scripts/evaluate.py under the
-launcher) run Composer's launcher (llmfoundry_ext.launch).
+The tests of Composer's launcher itself (killed with its ranks, a rank's failure under it, the chaos harness's kill)
+run it (llmfoundry_ext.launch).
 
 Where LAUNCH_SERVER names the socket of the suite's fork server (tests/launch_server.py, one a pytest process), the
 launch is forked from that server, which imported the trainer once for all of them: this process then imports

@@ -12,7 +12,6 @@ import time
 
 import pytest
 
-from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.train import main as train_main
 from tests.conftest import FORKED, REPO, demo_data, global_batches
 from tests.launch_server import OWN_SHM
@@ -70,40 +69,37 @@ def test_launcher_outside_slurm_says_so():
     assert 'run under Slurm (SLURM_NNODES is not set)' in result.stderr
 
 
-NODE_SHELL = 'mount -t tmpfs tmpfs /dev/shm && exec "$@"'  # each simulated node its own /dev/shm, as a real node has
 BATCHES, SAVE_EVERY = 12, 4  # killed after batch SAVE_EVERY + 2: six batches before the job would end
 
 
 @pytest.fixture(scope='module')
-def own_shm() -> list[str]:
-    """The command prefix that gives a simulated node a /dev/shm of its own (streaming keeps one set of shared
-    memory a node there; two nodes on one machine would collide)."""
-    prefix = ['unshare', '--user', '--map-root-user', '--mount', '--propagation', 'private', 'bash', '-c', NODE_SHELL,
-              'node']
-    probe = subprocess.run([*prefix, 'true'], capture_output=True, text=True)
+def nodes_of_their_own() -> None:
+    """Simulated nodes each get a user and mount namespace with a /dev/shm of their own (streaming keeps one set of
+    shared memory a node there; two nodes on one machine would collide): skipped where this machine allows none."""
+    probe = subprocess.run(['unshare', '--user', '--map-root-user', '--mount', 'true'], capture_output=True, text=True)
     if probe.returncode:
-        pytest.skip(f'simulated nodes need their own /dev/shm: {" ".join(prefix)} true failed: {probe.stderr.strip()}')
-    return prefix
+        pytest.skip(f'simulated nodes need namespaces of their own: unshare --user --map-root-user --mount failed: '
+                    f'{probe.stderr.strip()}')
 
 
 class Job:
     """A Slurm job of ``nodes`` x ``per_node`` processes on this machine: the real ``launch.sh`` once a node, with the
-    variables Slurm sets, on 127.0.0.1. ``paths``: launcher name -> the PATH whose ``composer`` a node runs."""
+    variables Slurm sets, on 127.0.0.1; its ``composer`` forks the node's ranks from the suite's import
+    (tests/forked_launch.py), each node in namespaces of its own (tests/launch_server.py, LAUNCH_OWN_SHM)."""
 
-    def __init__(self, own_shm: list[str], paths: dict[str, str], folder, overrides: list[str]):
-        self.own_shm, self.paths, self.folder, self.overrides = own_shm, paths, folder, overrides
+    def __init__(self, path: str, folder, overrides: list[str]):
+        self.path, self.folder, self.overrides = path, folder, overrides
 
-    def start(self, name: str, nodes: int, per_node: int, launcher: str = 'forked') -> list[subprocess.Popen]:
+    def start(self, name: str, nodes: int, per_node: int) -> list[subprocess.Popen]:
         port = free_port()
         nodes_started = []
         for node in range(nodes):
-            env = {**os.environ, 'PATH': self.paths[launcher], 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
+            env = {**os.environ, 'PATH': self.path, 'SLURM_NNODES': str(nodes), 'SLURM_NODEID': str(node),
                    'SLURM_JOB_NODELIST': '127.0.0.1', 'GPUS_PER_NODE': str(per_node), 'MASTER_PORT': str(port),
-                   'OMP_NUM_THREADS': '1', OWN_SHM: '1'}  # a forked node: its own /dev/shm made by the server
-            own_shm = self.own_shm if launcher == 'composer' else []
+                   'OMP_NUM_THREADS': '1', OWN_SHM: '1'}
             with open(self.folder / f'{name}-node{node}.log', 'a') as log:  # the node's processes keep their copy
                 nodes_started.append(subprocess.Popen(
-                    [*own_shm, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
+                    ['bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml', *self.overrides,
                      f'checkpoint.save_folder={self.folder / name / "checkpoints"}',
                      f'callbacks.sample_ledger.folder={self.folder / name / "ledger"}'],
                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
@@ -142,24 +138,19 @@ def wait_for(path, text: str, seconds: float) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own_shm, tmp_path):
-    """2 nodes x 2 processes through launch.sh: kill -9 of node 1 stops node 0 within 60 s with one line naming
-    node 1; re-submitted as 2 x 2 or 4 x 1 it resumes, and every global batch holds the samples of the uninterrupted
-    run's: one process in this one (what train.py runs) with the 2 canonical nodes streaming gives a 2-node job (one
-    node resuming a two-process run: tests/measure/test_chaos.py). The job that loses a node runs Composer's launcher
-    on each node (through llmfoundry_ext.launch, as the other tests do); the resumed ones, whose subject is the data
-    order over node counts, fork a node's ranks from one import (tests/forked_launch.py, Composer's arguments and
-    environment)."""
-    paths = {}
-    for launcher, command in (('composer', LAUNCHER), ('forked', FORKED)):
-        stubs = tmp_path / f'bin-{launcher}'
-        stubs.mkdir()
-        launch = f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n'
-        for name, text in (('scontrol', STUBS['scontrol']), ('composer', launch)):
-            (stubs / name).write_text(text)
-            (stubs / name).chmod(stat.S_IRWXU)
-        paths[launcher] = f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}"
-    job = Job(own_shm, paths, tmp_path, [
+def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(nodes_of_their_own, tmp_path):
+    """2 nodes x 2 processes through launch.sh: kill -9 of node 1 (its launch.sh's process group) stops node 0 within
+    60 s with one line naming node 1; re-submitted as 2 x 2 or 4 x 1 it resumes, and every global batch holds the
+    samples of the uninterrupted run's: one process in this one (what train.py runs) with the 2 canonical nodes
+    streaming gives a 2-node job (one node resuming a two-process run: tests/measure/test_chaos.py). Each node's
+    ranks fork from the suite's import (Composer's launcher when its ranks fail: tests/test_bad_inputs.py; killed:
+    tests/test_run_lock.py)."""
+    stubs = tmp_path / 'bin'
+    stubs.mkdir()
+    for name, text in (('scontrol', STUBS['scontrol']), ('composer', f'#!/bin/sh\nexec {shlex.join(FORKED)} "$@"\n')):
+        (stubs / name).write_text(text)
+        (stubs / name).chmod(stat.S_IRWXU)
+    job = Job(f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}", tmp_path, [
         f'variables.data_root={demo_data(tmp_path / "data")}', f'max_duration={BATCHES}ba', 'global_batch_size=8',
         f'checkpoint.save_interval={SAVE_EVERY}ba', 'eval_interval=100ba', 'eval_subset_num_batches=2',
         'log_interval=1ba', 'progress_bar=false', 'node_timeout_s=10',
@@ -170,7 +161,7 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(own
     expected = job.global_batches('uninterrupted', 1)
     assert [len(ids) for ids in expected] == [8] * BATCHES
 
-    node0, node1 = job.start('killed', 2, 2, launcher='composer')
+    node0, node1 = job.start('killed', 2, 2)
     wait_for(tmp_path / 'killed-node0.log', f'batch {SAVE_EVERY + 2}/{BATCHES}', 240)
     os.killpg(node1.pid, signal.SIGKILL)
     killed = time.monotonic()
