@@ -1,8 +1,11 @@
 """The node watch: a node whose heartbeat stops for the timeout is named; a store that cannot be reached names node 0."""
+import subprocess
+
 import pytest
 import torch.distributed as dist
 
 from llmfoundry_ext.node_watch import NodeWatch
+from tests.conftest import FORKED, REPO
 
 
 def test_a_node_silent_for_the_timeout_is_named_and_beating_nodes_are_not():
@@ -50,23 +53,28 @@ def test_node_timeout_must_be_positive(tiny_config, tmp_path):
         load(write_yaml(tiny_config, tmp_path / 'run.yaml'), ['node_timeout_s=0'])
 
 
-def finish_as_a_node(node: int, port: int, lost_file: str) -> None:
-    """Node ``node`` of a 2-node job (one process each, node 0 hosting the store), watched every 10 ms: node 1 ends
-    its work 3 s after node 0 (which, spawned, takes up to a second to exit). Anything a watch reports is appended to
-    ``lost_file``."""
-    import time
-    store = dist.TCPStore('127.0.0.1', port, 2, is_master=node == 0)
-    dist.init_process_group('gloo', store=store, rank=node, world_size=2)
-    watch = NodeWatch(store, 2, node, True, timeout=10, interval=0.01,
-                      on_lost=lambda message: open(lost_file, 'a').write(message + '\n')).start()
-    time.sleep(3 * node)
-    watch.finish()
+FINISH_AS_A_NODE = """
+import os, sys, time
+import torch.distributed as dist
+from llmfoundry_ext.node_watch import NodeWatch
+node, port, lost_file = int(os.environ['RANK']), int(sys.argv[1]), sys.argv[2]
+store = dist.TCPStore('127.0.0.1', port, 2, is_master=node == 0)
+dist.init_process_group('gloo', store=store, rank=node, world_size=2)
+watch = NodeWatch(store, 2, node, True, timeout=10, interval=0.01,
+                  on_lost=lambda message: open(lost_file, 'a').write(message + '\\n')).start()
+time.sleep(3 * node)
+watch.finish()
+"""
 
 
 def test_a_job_that_ends_well_ends_without_an_error_on_any_node(tmp_path):
+    """Node ``node`` of a 2-node job (one process each, forked from the suite's import; node 0 hosting the store),
+    watched every 10 ms: node 1 ends its work 3 s after node 0 (which takes up to a second to exit). Anything a watch
+    reports goes to ``lost.txt``."""
     from composer.utils import get_free_tcp_port
-    from torch.multiprocessing import start_processes
     lost = tmp_path / 'lost.txt'
-    # spawned, not forked: the worker running this test may hold a process group of an earlier test
-    start_processes(finish_as_a_node, args=(get_free_tcp_port(), str(lost)), nprocs=2, start_method='spawn')
+    (tmp_path / 'node.py').write_text(FINISH_AS_A_NODE)
+    run = subprocess.run([*FORKED, '-n', '2', str(tmp_path / 'node.py'), str(get_free_tcp_port()), str(lost)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
     assert not lost.exists(), lost.read_text()
