@@ -94,7 +94,7 @@ def document_mask(backend: str, position_ids: torch.Tensor, causal: bool) -> Any
     starts = position_ids == 0
     if backend in ('varlen', 'flash'):
         return Documents(cu_seqlens(starts), position_ids.shape[1])  # no document is longer than a row
-    document_ids = starts.cumsum(-1, dtype=torch.int32)  # the plain rows' dtype: one compiled flex for both
+    document_ids = starts.cumsum(-1)
     if backend == 'flex':
         return flex_block_mask(document_ids, causal)
     return allowed(document_ids, causal)
