@@ -2,6 +2,7 @@
 import copy
 import os
 import shutil
+import time
 import sys
 
 import numpy as np
@@ -63,6 +64,9 @@ def launch_server(tmp_path_factory):
     path = str(tmp_path_factory.mktemp('launch-server') / 'socket')
     server = subprocess.Popen([sys.executable, os.path.join(REPO, 'tests', 'launch_server.py'), path],
                               stdin=subprocess.PIPE, cwd=REPO, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    while not os.path.exists(path):  # bound first thing: a launch before it would have been forked without it
+        assert server.poll() is None, f'the launch server ended with exit status {server.returncode}'
+        time.sleep(0.01)
     os.environ[SERVER] = path
     yield path
     del os.environ[SERVER]

@@ -87,8 +87,8 @@ def through_server(path: str, argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
-    server = os.environ.get(SERVER)
+    sys.path[0] = os.path.dirname(sys.path[0])  # the repository: tests.launch_server, and the package where it is
+    server = os.environ.get(SERVER)             # not installed (the GPU machines run the checkout)
     if server and os.path.exists(server):
-        sys.path[0] = os.path.dirname(sys.path[0])  # the repository, for tests.launch_server
         sys.exit(through_server(server, sys.argv[1:]))
     sys.exit(main(sys.argv[1:]))

@@ -113,8 +113,9 @@ def fork_launch(connection: socket.socket, others: list[socket.socket]) -> int:
 
 def serve(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(path + '.unready')
     listener.listen(16)  # clients connecting before the import below wait in the backlog
+    os.rename(path + '.unready', path)  # the path appears listening: the suite waits for it
     import llmfoundry_ext.train  # noqa: F401  what every launch's ranks import
     import tests.training_runs_worker  # noqa: F401
     gc.freeze()  # the imported objects: no launch's collections walk them (and copy their pages)
