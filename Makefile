@@ -3,20 +3,21 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 INSTALLED := $(VENV)/.installed-$(shell cat setup.py overrides.txt | cksum | cut -d' ' -f1)
-RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1
+RUN := PATH=$(BIN):$$PATH OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
 
 .PHONY: install demo test test-newest test-gpu clean-demo
 
 install: $(INSTALLED)
 
 # uv installs Composer and streaming on the PyTorch of overrides.txt (their stale torch pins overridden, nothing
-# else); --compile-bytecode: uv writes no .pyc by default, and with PYTHONDONTWRITEBYTECODE set (as here) every
-# import compiled its sources again (composer took 14 s to import); --no-cache: the CUDA torch wheels are ~3 GB,
-# and caching them too doubled the disk a clean install needs.
+# else); --no-cache: the CUDA torch wheels are ~3 GB, and caching them too doubled the disk a clean install needs.
+# No --compile-bytecode: compiling all 6 GB took ~30 s of a 2-core machine's install, most of it for modules no
+# process imports; the targets below write the .pyc of what they import, once, even where the environment sets
+# PYTHONDONTWRITEBYTECODE (as CI's does: there every import compiled its sources again, composer's in 14 s).
 $(INSTALLED): setup.py overrides.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --no-cache-dir --upgrade pip uv
-	$(BIN)/uv pip install -q --no-cache --compile-bytecode --python $(BIN)/python --override overrides.txt -e '.[dev]'
+	$(BIN)/uv pip install -q --no-cache --python $(BIN)/python --override overrides.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(INSTALLED)  ## corpus -> tokenizer -> MDS -> train 2 processes, stop, autoresume (re-run: resumes)
@@ -37,13 +38,13 @@ NEWEST_INSTALLED := $(NEWEST)/.installed-$(shell cat setup.py overrides-newest.t
 $(NEWEST_INSTALLED): setup.py overrides-newest.txt
 	$(PYTHON) -m venv $(NEWEST)
 	$(NEWEST)/bin/python -m pip install -q --no-cache-dir --upgrade pip uv
-	$(NEWEST)/bin/uv pip install -q --no-cache --compile-bytecode --python $(NEWEST)/bin/python \
+	$(NEWEST)/bin/uv pip install -q --no-cache --python $(NEWEST)/bin/python \
 	  --override overrides-newest.txt -e '.[dev]'
 	rm -f $(NEWEST)/.installed-* && touch $@
 
 test-newest: $(NEWEST_INSTALLED)  ## the CPU suite on the newest torch (prints the versions it ran)
 	$(NEWEST)/bin/python -c "import torch, torchvision; print('torch', torch.__version__, 'torchvision', torchvision.__version__)"
-	PATH=$(CURDIR)/$(NEWEST)/bin:$$PATH OMP_NUM_THREADS=1 $(NEWEST)/bin/python -m pytest $(SUITE)
+	PATH=$(CURDIR)/$(NEWEST)/bin:$$PATH OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE= $(NEWEST)/bin/python -m pytest $(SUITE)
 
 # On the GPU machines, with their own torch and the carried wheels: make test-gpu TEST_PYTHON=python3
 TEST_PYTHON ?= $(BIN)/python
