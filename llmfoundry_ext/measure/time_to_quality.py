@@ -1,0 +1,105 @@
+"""Time to quality: from each row's held-out losses (documents never trained on, evaluated every N steps), the tokens
+and the wall-clock a row needs to reach a target loss, and its held-out loss beside a reference row's at equal
+tokens. The arithmetic behind a precision default (docs/learning.md): a recipe is worth its speed only if it reaches
+the same model sooner.
+
+Our own code: the learning benchmark's rows come from three trainers (ours, torchtitan, transformers), and no
+library reads a time-to-target off their evaluations. Between two evaluations the loss is taken as linear in tokens
+(an evaluation every 100 steps of a 400-step run: the curve is nearly straight there); the wall-clock is the tokens
+over the row's steady throughput (compilation and start-up left out, as the speed table leaves them out)."""
+import statistics
+from typing import NamedTuple, Optional
+
+
+class Evaluation(NamedTuple):
+    """One held-out evaluation: after ``step`` optimizer steps, the mean token loss over the held-out documents."""
+    step: int
+    loss: float
+
+
+class HeldOut(NamedTuple):
+    """A row's held-out loss at one step over its seeds: their mean, smallest and largest."""
+    step: int
+    mean: float
+    low: float
+    high: float
+
+
+def over_seeds(seeds: list[list[Evaluation]]) -> list[HeldOut]:
+    """Each step's mean, smallest and largest loss over the seeds, at the steps every seed evaluated."""
+    steps = sorted(set.intersection(*(set(step for step, _ in evaluations) for evaluations in seeds)))
+    losses = [{step: loss for step, loss in evaluations} for evaluations in seeds]
+    return [HeldOut(step, statistics.fmean(at[step] for at in losses), min(at[step] for at in losses),
+                    max(at[step] for at in losses)) for step in steps]
+
+
+def tokens_to_target(held_out: list[HeldOut], tokens_per_step: int, target: float) -> Optional[float]:
+    """The tokens at which the mean held-out loss first reaches ``target``, linear in tokens between the evaluation
+    above it and the one at or below it (the first evaluation's tokens if that one is already there); None if no
+    evaluation reaches it."""
+    previous = None
+    for point in held_out:
+        if point.mean <= target:
+            if previous is None:
+                return float(point.step * tokens_per_step)
+            fraction = (previous.mean - target) / (previous.mean - point.mean)
+            return (previous.step + fraction * (point.step - previous.step)) * tokens_per_step
+        previous = point
+    return None
+
+
+def gaps_at_equal_tokens(held_out: list[HeldOut], reference: list[HeldOut]) -> dict[int, float]:
+    """At each step both evaluated (the same tokens: rows of one benchmark train the same batches), the row's mean
+    held-out loss relative to the reference's: (row - reference) / reference."""
+    theirs = {point.step: point.mean for point in reference}
+    return {point.step: (point.mean - theirs[point.step]) / theirs[point.step] for point in held_out
+            if point.step in theirs}
+
+
+class Curve(NamedTuple):
+    """A benchmark row's held-out losses over its seeds and its steady speed."""
+    name: str
+    held_out: list[HeldOut]
+    tokens_per_step: int
+    tokens_per_second: float  # the whole run's: every GPU's
+
+
+def compare(rows: list[Curve], quality_reference: str, time_reference: str, tolerance: float) -> list[dict]:
+    """Per row: its final held-out loss and its gaps to ``quality_reference``'s at equal tokens (``holds``: the final
+    gap within ``tolerance``), and the tokens, seconds and speed-up to ``time_reference``'s final mean held-out loss
+    (the target), against the seconds ``time_reference`` takes to reach it."""
+    by_name = {row.name: row for row in rows}
+    target = by_name[time_reference].held_out[-1].mean
+    reference_seconds = seconds_to_target(by_name[time_reference], target)
+    table = []
+    for row in rows:
+        gaps = gaps_at_equal_tokens(row.held_out, by_name[quality_reference].held_out)
+        seconds = seconds_to_target(row, target)
+        table.append({'name': row.name, 'final_step': row.held_out[-1].step, 'final_loss': row.held_out[-1].mean,
+                      'gaps': gaps, 'final_gap': gaps[max(gaps)], 'holds': abs(gaps[max(gaps)]) <= tolerance,
+                      'target': target, 'tokens_to_target': tokens_to_target(row.held_out, row.tokens_per_step, target),
+                      'seconds_to_target': seconds, 'tokens_per_second': row.tokens_per_second,
+                      'sooner': reference_seconds / seconds if seconds else None})
+    return table
+
+
+def seconds_to_target(row: Curve, target: float) -> Optional[float]:
+    """The row's tokens to ``target`` at its steady speed; None where it does not reach it."""
+    tokens = tokens_to_target(row.held_out, row.tokens_per_step, target)
+    return None if tokens is None else tokens / row.tokens_per_second
+
+
+def format_table(table: list[dict], quality_reference: str, time_reference: str) -> str:
+    """One line a row: final held-out loss, its gap to the quality reference, tokens/s, and tokens, seconds and
+    speed-up to the target."""
+    lines = [f"target: {time_reference}'s final held-out loss {table[0]['target']:.4f}; gaps against "
+             f"{quality_reference} at equal tokens",
+             f"{'row':<24}{'held-out':>10}{'gap':>9}{'tokens/s':>11}{'tokens to target':>18}{'s to target':>13}"
+             f"{'sooner':>8}"]
+    for entry in table:
+        reached = entry['tokens_to_target'] is not None
+        lines.append(f"{entry['name']:<24}{entry['final_loss']:>10.4f}{entry['final_gap']:>+9.2%}"
+                     f"{entry['tokens_per_second']:>11,.0f}"
+                     + (f"{entry['tokens_to_target']:>18,.0f}{entry['seconds_to_target']:>13.1f}"
+                        f"{entry['sooner']:>7.2f}x" if reached else f"{'not reached':>18}{'-':>13}{'-':>8}"))
+    return '\n'.join(lines)

@@ -1,0 +1,65 @@
+"""Time to quality: held-out losses over seeds, tokens and seconds to a target, gaps at equal tokens."""
+import pytest
+
+from llmfoundry_ext.measure.time_to_quality import (Curve, Evaluation, HeldOut, compare, format_table,
+                                                    gaps_at_equal_tokens, over_seeds, tokens_to_target)
+
+BF16 = over_seeds([[Evaluation(100, 2.4), Evaluation(200, 2.0), Evaluation(300, 1.9)],
+                   [Evaluation(100, 2.6), Evaluation(200, 2.2), Evaluation(300, 1.9)]])
+
+
+def means(*steps_and_losses) -> list[HeldOut]:
+    return [HeldOut(step, loss, loss, loss) for step, loss in steps_and_losses]
+
+
+def test_seeds_are_averaged_at_the_steps_every_seed_evaluated():
+    assert [point.step for point in BF16] == [100, 200, 300]
+    assert [value for point in BF16 for value in point[1:]] == pytest.approx(
+        [2.5, 2.4, 2.6, 2.1, 2.0, 2.2, 1.9, 1.9, 1.9], rel=1e-12)
+    assert over_seeds([[Evaluation(100, 3.0), Evaluation(200, 2.0)], [Evaluation(200, 4.0)]]) == [
+        HeldOut(200, 3.0, 2.0, 4.0)]
+
+
+def test_the_target_is_reached_between_evaluations_linearly_in_tokens():
+    assert tokens_to_target(BF16, 1000, 2.0) == pytest.approx(250_000, rel=1e-12)  # halfway from 2.1 to 1.9
+    assert tokens_to_target(BF16, 1000, 1.95) == pytest.approx(275_000, rel=1e-12)
+    assert tokens_to_target(BF16, 1000, 2.6) == 100_000  # the first evaluation is already there
+    assert tokens_to_target(BF16, 1000, 1.9) == 300_000
+    assert tokens_to_target(BF16, 1000, 1.8) is None
+
+
+def test_gaps_are_relative_to_the_reference_at_the_steps_both_evaluated():
+    gaps = gaps_at_equal_tokens(means((100, 2.52), (200, 2.1)), BF16)
+    assert list(gaps) == [100, 200]
+    assert gaps[100] == pytest.approx(0.008, rel=1e-9) and gaps[200] == 0.0
+
+
+def test_a_faster_recipe_that_loses_held_out_loss_is_sooner_but_does_not_hold():
+    rows = [Curve('bf16', BF16, 1000, 1000.0),
+            Curve('float8', means((100, 2.52), (200, 2.12), (300, 1.92)), 1000, 1250.0),
+            Curve('torchtitan', means((100, 2.55), (200, 2.15), (300, 1.95)), 1000, 1100.0)]
+    table = compare(rows, quality_reference='bf16', time_reference='torchtitan', tolerance=0.005)
+    by_name = {entry['name']: entry for entry in table}
+    assert [entry['target'] for entry in table] == [1.95] * 3  # torchtitan's final held-out loss
+    assert by_name['torchtitan']['seconds_to_target'] == pytest.approx(300_000 / 1100, rel=1e-12)
+    assert by_name['bf16']['tokens_to_target'] == pytest.approx(275_000, rel=1e-12)
+    assert by_name['bf16']['sooner'] == pytest.approx((300_000 / 1100) / 275, rel=1e-12)  # 0.9917x
+    assert by_name['float8']['tokens_to_target'] == pytest.approx(285_000, rel=1e-12)
+    assert by_name['float8']['seconds_to_target'] == pytest.approx(228.0, rel=1e-12)
+    assert by_name['float8']['sooner'] == pytest.approx((300_000 / 1100) / 228, rel=1e-12)  # 1.196x
+    assert by_name['float8']['final_gap'] == pytest.approx(0.02 / 1.9, rel=1e-12)  # +1.05 %: over 0.5 %
+    assert [entry['holds'] for entry in table] == [True, False, False]
+    assert format_table(table, 'bf16', 'torchtitan').splitlines() == [
+        "target: torchtitan's final held-out loss 1.9500; gaps against bf16 at equal tokens",
+        'row                       held-out      gap   tokens/s  tokens to target  s to target  sooner',
+        'bf16                        1.9000   +0.00%      1,000           275,000        275.0   0.99x',
+        'float8                      1.9200   +1.05%      1,250           285,000        228.0   1.20x',
+        'torchtitan                  1.9500   +2.63%      1,100           300,000        272.7   1.00x']
+
+
+def test_a_row_that_never_reaches_the_target_says_so():
+    rows = [Curve('bf16', BF16, 1000, 1000.0), Curve('slow', means((100, 2.6), (200, 2.3), (300, 2.0)), 1000, 900.0)]
+    table = compare(rows, 'bf16', 'bf16', 0.005)
+    assert table[1]['tokens_to_target'] is None and table[1]['sooner'] is None
+    assert format_table(table, 'bf16', 'bf16').splitlines()[-1] == (
+        'slow                        2.0000   +5.26%        900       not reached            -       -')
