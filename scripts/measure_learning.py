@@ -7,8 +7,8 @@
 
 Rows as scripts/measure_speed.py's. Every row trains --steps steps with AdamW (lr --lr, betas 0.9/0.95, weight decay
 0.1), --warmup steps of linear warm-up then a linear decay to 0, clipping at 1.0, on the same documents in the same
-order: Python source of this machine's installed packages (--corpus-mb), torchtitan's test tokenizer (bash
-../shared/anchors/prepare.sh). Prints each row's mean loss per --window steps (mean over seeds, their range) and,
+order: Python source of this machine's installed packages, or the --suffix files under --roots (--corpus-mb of
+them), torchtitan's test tokenizer (bash ../shared/anchors/prepare.sh). Prints each row's mean loss per --window steps (mean over seeds, their range) and,
 for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from step 100 on and ends at or below.
 """
 import argparse
@@ -32,8 +32,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--window', type=int, default=50)
     parser.add_argument('--gpus', type=int, default=1)
     parser.add_argument('--corpus-mb', type=float, default=40.0)
-    parser.add_argument('--roots', nargs='+', default=site.getsitepackages(), help='folders of *.py (default: '
+    parser.add_argument('--roots', nargs='+', default=site.getsitepackages(), help='folders of text files (default: '
                         "this Python's installed packages)")
+    parser.add_argument('--suffix', default='.py', help="the files' ending under --roots (.rst.txt: the English "
+                        'prose of Debian\'s linux-doc, docs/learning.md)')
     parser.add_argument('--seq-len', type=int, default=8192, help="tokens a sample (torchtitan's seq_len)")
     parser.add_argument('--work', help='folder for the corpus, shards and rows (default: a temporary one)')
     parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names")

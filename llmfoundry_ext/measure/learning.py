@@ -1,7 +1,9 @@
 """The learning benchmark: our model, torchtitan and transformers' Llama trained on the same tokens of a real text
 with the same hyper-parameters, several seeds each; the mean loss of each window of steps side by side.
 
-The text is Python source (the machine's installed packages: tens of MB on any machine with PyTorch) cut into pieces of ``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
+The text is Python source (the machine's installed packages: tens of MB on any machine with PyTorch), or any other
+files under given folders (the English prose of Debian's linux-doc: docs/learning.md), cut into pieces of
+``PIECE_CHARS`` characters and shuffled with a fixed seed, tokenized with torchtitan's
 test tokenizer (2,000 ids; BOS and EOS added as ids 2,002 and 2,003, as torchtitan loads it). torchtitan reads the
 JSON-lines file in order, each document between BOS and EOS, and cuts the stream into samples of seq_len + 1 tokens
 (inputs the first seq_len, labels the last seq_len). Ours reads the same file converted by
@@ -52,15 +54,15 @@ class Hyper:
     clip: float = 1.0
 
 
-def source_pieces(roots: list[str], piece_chars: int = PIECE_CHARS) -> list[str]:
-    """Every ``*.py`` file under ``roots`` (sorted paths, undecodable files skipped) cut into pieces of
-    ``piece_chars`` characters; whitespace-only pieces dropped."""
+def source_pieces(roots: list[str], suffix: str = '.py', piece_chars: int = PIECE_CHARS) -> list[str]:
+    """Every file under ``roots`` whose name ends in ``suffix`` (sorted paths, undecodable files skipped) cut into
+    pieces of ``piece_chars`` characters; whitespace-only pieces dropped."""
     pieces = []
     for root in roots:
         for folder, subfolders, files in os.walk(root):
             subfolders.sort()
             for name in sorted(files):
-                if not name.endswith('.py'):
+                if not name.endswith(suffix):
                     continue
                 try:
                     with open(os.path.join(folder, name), encoding='utf-8') as file:
@@ -72,11 +74,11 @@ def source_pieces(roots: list[str], piece_chars: int = PIECE_CHARS) -> list[str]
     return pieces
 
 
-def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int = 0) -> dict:
-    """The pieces of ``roots`` shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
+def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int = 0, suffix: str = '.py') -> dict:
+    """The pieces of ``roots``' ``suffix`` files shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
     ``{"text": ...}`` in ``all.jsonl`` (torchtitan's input, and the converter's one part). Returns their description."""
     lines, size = [], 0
-    for piece in shuffled_pieces(roots, seed):
+    for piece in shuffled_pieces(roots, seed, suffix):
         line = json.dumps({'text': piece}) + '\n'
         if size + len(line.encode()) > max_megabytes * 1e6:
             break
@@ -85,19 +87,20 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int 
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
         file.writelines(lines)
-    return {'roots': roots, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed, 'piece_chars': PIECE_CHARS}
+    return {'roots': roots, 'suffix': suffix, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed,
+            'piece_chars': PIECE_CHARS}
 
 
-def shuffled_pieces(roots: list[str], seed: int) -> list[str]:
+def shuffled_pieces(roots: list[str], seed: int, suffix: str = '.py') -> list[str]:
     """``source_pieces`` in the order ``write_corpus`` writes them (and cuts them) with ``seed``."""
-    pieces = source_pieces(roots)
+    pieces = source_pieces(roots, suffix)
     random.Random(seed).shuffle(pieces)
     return pieces
 
 
-def held_out_pieces(roots: list[str], documents: int, seed: int = 0) -> list[str]:
+def held_out_pieces(roots: list[str], documents: int, seed: int = 0, suffix: str = '.py') -> list[str]:
     """The pieces of ``roots`` that ``write_corpus`` left out of a corpus of ``documents`` pieces."""
-    return shuffled_pieces(roots, seed)[documents:]
+    return shuffled_pieces(roots, seed, suffix)[documents:]
 
 
 def write_tokenizer(folder: str, source: str = TORCHTITAN_TOKENIZER) -> str:
@@ -245,7 +248,7 @@ class Plan:
 
 
 def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: int,
-                 tokenizer_source: str = TORCHTITAN_TOKENIZER) -> dict:
+                 tokenizer_source: str = TORCHTITAN_TOKENIZER, suffix: str = '.py') -> dict:
     """The corpus, the tokenizer and our MDS shards of it (windows of ``seq_len`` + 1 tokens, torchtitan's samples)
     under ``work``; returns where they are and their sizes. A ``work`` folder that holds them for the same sources,
     size and window already is used as it is."""
@@ -253,13 +256,13 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: 
     if not os.path.isfile(tokenizer_source):
         raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
     made = os.path.join(work, 'data.json')
-    asked = {'roots': roots, 'requested_megabytes': corpus_megabytes, 'window': window}
+    asked = {'roots': roots, 'suffix': suffix, 'requested_megabytes': corpus_megabytes, 'window': window}
     if os.path.isfile(made):
         with open(made) as file:
             data = json.load(file)
         if {key: data.get(key) for key in asked} == asked:
             return data
-    corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes)
+    corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, suffix=suffix)
     tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'), tokenizer_source)
     converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'))
     data = {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
@@ -373,7 +376,7 @@ def train_command(args) -> int:
                 args.shared_init and Row.parse(args.shared_init))
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
-        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len)
+        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix)
         print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
               flush=True)
         report = run(plan, data, work, args.versus, args.json)

@@ -76,6 +76,19 @@ def test_corpus_is_shuffled_pieces_in_one_file(tmp_path):
     assert learning.held_out_pieces(roots, 2) == pieces[2:] and kept == pieces[:2]  # the same shuffle, the rest
 
 
+
+def test_a_corpus_of_other_files_takes_those_ending_in_its_suffix(tmp_path):
+    root = tmp_path / 'docs'
+    os.makedirs(root / 'admin-guide')
+    (root / 'admin-guide' / 'README.rst.txt').write_text('What is Linux? ' * 200)  # 3,000 characters: 2 pieces
+    (root / 'index.rst.txt').write_text('Welcome.')
+    (root / 'index.html').write_text('<p>Welcome.</p>')
+    assert learning.source_pieces([str(root)], '.rst.txt') == [  # a folder's files before its subfolders'
+        'Welcome.', ('What is Linux? ' * 200)[:2000], ('What is Linux? ' * 200)[2000:]]
+    described = write_corpus([str(root)], str(tmp_path / 'corpus'), 1.0, suffix='.rst.txt')
+    assert (described['documents'], described['suffix']) == (3, '.rst.txt')
+    assert learning.source_pieces([str(root)]) == []  # no .py there
+
 def small_tokenizer(folder) -> str:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
