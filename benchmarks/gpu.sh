@@ -59,7 +59,11 @@
 #                                               CORPUS_MB (40) of text; the rows nofsdp, compiled-loss and matched of
 #                                               the recorded runs equal ours since 25bbbba;
 #                                               SHARED_INIT=ours: every row of a seed starts from ours' fresh weights;
-#                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs)
+#                                               LEARNING_GPUS=2 (row ours-2gpu: the same global batch of 2 on 2 GPUs);
+#                                               LR (3e-4); ROOTS and SUFFIX: another corpus (.corpora/linux-doc
+#                                               .rst.txt: data_prep/linux_doc_corpus.sh); EVAL_EVERY: held-out loss
+#                                               every so many steps and the time-to-quality table, QUALITY
+#                                               (ours:torchtitan) its REFERENCE:TARGET
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -296,10 +300,11 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
   for row in "$@"; do rows+=(--row "${LEARN[$row]}"); done
   python3 scripts/measure_learning.py --steps "${STEPS:-500}" --seeds $seeds --single-seed hf \
     --work "${LEARNING_WORK:-/tmp/learning}" --corpus-mb "${CORPUS_MB:-40}" \
-    --gpus "${LEARNING_GPUS:-1}" \
+    --gpus "${LEARNING_GPUS:-1}" ${LR:+--lr "$LR"} ${ROOTS:+--roots $ROOTS --suffix "${SUFFIX:-.py}"} \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
+    ${EVAL_EVERY:+--eval-every "$EVAL_EVERY" --quality "${QUALITY:-ours:torchtitan}"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
-    2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |Traceback)|Error"
+    2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
 }
 
 learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from

@@ -8,8 +8,12 @@
 Rows as scripts/measure_speed.py's. Every row trains --steps steps with AdamW (lr --lr, betas 0.9/0.95, weight decay
 0.1), --warmup steps of linear warm-up then a linear decay to 0, clipping at 1.0, on the same documents in the same
 order: Python source of this machine's installed packages, or the --suffix files under --roots (--corpus-mb of
-them), torchtitan's test tokenizer (bash ../shared/anchors/prepare.sh). Prints each row's mean loss per --window steps (mean over seeds, their range) and,
-for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from step 100 on and ends at or below.
+them), torchtitan's test tokenizer (bash ../shared/anchors/prepare.sh). Prints each row's mean loss per --window
+steps (mean over seeds, their range) and, for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from
+step 100 on and ends at or below. With --eval-every N every row's held-out loss (--held-out-mb of the pieces the
+corpus left out) every N steps, and with --quality REFERENCE:TARGET the time-to-quality table: each row's final
+held-out loss beside REFERENCE's at equal tokens (within 0.5 %: holds), its tokens and seconds to TARGET's final
+held-out loss, and how much sooner than TARGET it gets there.
 """
 import argparse
 import site
@@ -41,6 +45,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names")
     parser.add_argument('--shared-init', metavar='ROW', help="every row of a seed starts from the fresh weights "
                         "ROW's model draws for that seed ('NAME SOURCE key=value ...'; else each row draws its own)")
+    parser.add_argument('--eval-every', type=int, default=0, help='held-out loss every so many steps (0: none): '
+                        'documents never trained on, the same ones for every row')
+    parser.add_argument('--eval-batches', type=int, default=16, help='batches of the local batch an evaluation reads')
+    parser.add_argument('--held-out-mb', type=float, default=2.0, help='MB of the pieces the corpus left out to '
+                        'evaluate on (with --eval-every)')
+    parser.add_argument('--quality', metavar='REFERENCE:TARGET', help='with --eval-every: each row\'s final held-out '
+                        'loss beside REFERENCE\'s at equal tokens, and its tokens and seconds to TARGET\'s')
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:

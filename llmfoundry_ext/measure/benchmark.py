@@ -72,28 +72,55 @@ class StepTimer(Callback):
     """Each step's time over the batches after ``warmup``, and the peak GPU memory in that window. It synchronises
     at the end of every batch from the warm-up's last (so each step ends when the GPU has finished), as torchtitan's
     anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The steps one by one
-    tell a row slowed by a few stalls from one slow throughout."""
+    tell a row slowed by a few stalls from one slow throughout. Held-out evaluations between batches are left out
+    of the time, as torchtitan's tokens/s leaves its validation out."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup
         self.batches = 0
-        self.ends = []  # perf_counter at the end of the warm-up's last batch and of each timed batch
+        self.ends = []  # perf_counter at the end of the warm-up's last batch and of each timed batch, evaluations out
+        self.evaluating = 0.0  # seconds spent in evaluations so far
+        self.evaluation_start = None
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.batches += 1
         if self.batches < self.warmup:
             return
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.ends.append(time.perf_counter())
+        self.ends.append(synchronized_time() - self.evaluating)
         if self.batches == self.warmup and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+
+    def eval_start(self, state: State, logger: Logger) -> None:
+        self.evaluation_start = synchronized_time()
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        self.evaluating += synchronized_time() - self.evaluation_start
 
     def each_step_seconds(self) -> list[float]:
         return [end - start for start, end in zip(self.ends, self.ends[1:])]
 
     def step_seconds(self) -> float:
         return (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1)
+
+
+def synchronized_time() -> float:
+    """perf_counter once the GPU has finished what was queued."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+class HeldOutRecorder(Callback):
+    """After each held-out evaluation (``data.eval`` every ``eval_interval``): the batches trained and the mean token
+    loss over the evaluated tokens (the model's ``LanguageCrossEntropy``, over the ranks)."""
+
+    def __init__(self):
+        self.evaluations = []
+
+    def eval_end(self, state: State, logger: Logger) -> None:
+        loss = state.eval_metric_values.get('LanguageCrossEntropy')
+        if loss is not None:
+            self.evaluations.append([int(state.timestamp.batch), float(loss)])
 
 
 class LossRecorder(Callback):
@@ -178,7 +205,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     """Train the prepared ``yaml`` (in this process group) and return the row's figures."""
     run = preflight.prepare(yaml)
     config = run.config
-    timer, recorder = StepTimer(warmup), LossRecorder()
+    timer, recorder, held_out = StepTimer(warmup), LossRecorder(), HeldOutRecorder()
     model = (HFCausalLM(run.architecture, HF_EXPERTS[row.model], config.model.init_from)
              if row.model in HF_EXPERTS else None)
     plan = run.plan.chosen
@@ -186,7 +213,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
              'setting': dataclasses.asdict(plan.setting), 'predicted_peak_gib': plan.memory.peak / GIB,
              'predicted_fits': plan.fits, 'predicted_tokens_per_second_per_gpu': plan.tokens_per_second}
     try:
-        trainer = train(run, extra_callbacks=[timer, recorder], model=model)
+        trainer = train(run, extra_callbacks=[timer, recorder, held_out], model=model)
     except torch.OutOfMemoryError:
         return {**named, 'error': 'out of memory'}
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
@@ -204,7 +231,8 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
         'peak_allocated_gib': torch.cuda.max_memory_allocated() / GIB if on_gpu else None,
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
-        'grad_norms': recorder.norms(), **hf,
+        'grad_norms': recorder.norms(), 'held_out': held_out.evaluations, 'tokens_per_step': config.tokens_per_step,
+        **hf,
     }
 
 
@@ -242,7 +270,8 @@ TORCHTITAN_SCRIPT = os.path.join(REPO, '.anchors', 'run.sh')
 def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) -> dict:
     """torchtitan's own trainer through the anchor script, ``warmup + steps`` steps; tokens/s over the timed steps
     as ours are counted (total tokens over total time: the harmonic mean of its per-step figures). ``INIT_HF=FOLDER``
-    among the row's settings: it starts from those HF weights (``torchtitan_loading``) instead of its own init."""
+    among the row's settings: it starts from those HF weights (``torchtitan_loading``) instead of its own init;
+    ``HELD_OUT=FOLDER EVAL_EVERY=N EVAL_BATCHES=K``: it evaluates FOLDER's documents (``torchtitan_validating``)."""
     env = {**os.environ, 'NGPU': str(gpus), 'STEPS': str(warmup + steps), 'OUT': folder,
            **dict(item.split('=', 1) for item in row.overrides)}
     print(f"--- {row.name}: bash {TORCHTITAN_SCRIPT} {row.source} ({' '.join(row.overrides)})", flush=True)
@@ -250,6 +279,8 @@ def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) ->
         script = file.read()
     if env.get('INIT_HF'):
         script = torchtitan_loading(script, env['INIT_HF'])
+    if env.get('HELD_OUT'):
+        script = torchtitan_validating(script, env['HELD_OUT'], int(env['EVAL_EVERY']), int(env['EVAL_BATCHES']))
     result = subprocess.run(['bash', '-c', script, TORCHTITAN_SCRIPT, row.source], env=env)  # $0: the script's path
     summary_path = os.path.join(folder, 'tt_summary.json')
     if result.returncode != 0 or not os.path.isfile(summary_path):
@@ -267,6 +298,8 @@ def run_torchtitan(row: Row, gpus: int, warmup: int, steps: int, folder: str) ->
         'peak_reserved_gib': max(step['mem_gib'] for step in timed), 'timed_steps': steps,
         'losses': [step['loss'] for step in steps_logged],
         'grad_norms': torchtitan_grad_norms(os.path.join(folder, f'tt_{row.source}.log')),
+        'held_out': torchtitan_held_out(os.path.join(folder, f'tt_{row.source}.log')),
+        'tokens_per_step': int(env.get('LBS', 1)) * int(env.get('SEQ', 8192)) * gpus,  # .anchors/run.sh's defaults
     }
 
 
@@ -279,6 +312,29 @@ def torchtitan_grad_norms(log: str) -> list[float]:
     with open(log) as file:
         logged = {int(m[1]): float(m[2]) for m in TORCHTITAN_STEP.finditer(file.read())}
     return [logged[step] for step in sorted(logged)]
+
+
+TORCHTITAN_VALIDATION = re.compile(r'validate step:\s*(\d+)\s+loss:\s*([\d.]+)')
+
+
+def torchtitan_held_out(log: str) -> list[list]:
+    """[step, loss] of each of torchtitan's validations, from its log lines ("validate step: 100  loss:  2.1234
+    memory: ..."); none where it did not validate."""
+    with open(log) as file:
+        return [[int(m[1]), float(m[2])] for m in TORCHTITAN_VALIDATION.finditer(file.read())]
+
+
+def torchtitan_validating(script: str, held_out: str, every: int, batches: int) -> str:
+    """The anchor script with its (disabled) validation section made to evaluate the documents of ``held_out`` (a
+    folder of one JSON-lines file, packed as its training data is) at step 1 and every ``every`` steps: ``batches``
+    batches of the training's local batch and sequence length (torchtitan's Validator: the mean of each batch's
+    token-mean loss; its tokens/s leaves the validation out)."""
+    disabled = '[validation]\nenable = false\n'
+    if disabled not in script:
+        raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{disabled!r}" section to replace; re-run bash '
+                         f'../shared/anchors/prepare.sh')
+    return script.replace(disabled, f'[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "{held_out}"\n'
+                                    f'freq = {every}\nsteps = {batches}\nlocal_batch_size = $LBS\nseq_len = $SEQ\n')
 
 
 def torchtitan_loading(script: str, hf_folder: str) -> str:

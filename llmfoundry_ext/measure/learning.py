@@ -33,6 +33,8 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.benchmark import Row, run_row
+from llmfoundry_ext.measure.time_to_quality import Curve, Evaluation, compare, over_seeds
+from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.weights import save_hf
@@ -52,6 +54,8 @@ class Hyper:
     weight_decay: float = 0.1
     eps: float = 1e-8
     clip: float = 1.0
+    eval_every: int = 0  # held-out loss every so many steps (0: none): ours at eval_interval, torchtitan validating
+    eval_batches: int = 16  # batches of the local batch an evaluation reads (the same documents every time)
 
 
 def source_pieces(roots: list[str], suffix: str = '.py', piece_chars: int = PIECE_CHARS) -> list[str]:
@@ -75,10 +79,19 @@ def source_pieces(roots: list[str], suffix: str = '.py', piece_chars: int = PIEC
 
 
 def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int = 0, suffix: str = '.py') -> dict:
-    """The pieces of ``roots``' ``suffix`` files shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON lines
-    ``{"text": ...}`` in ``all.jsonl`` (torchtitan's input, and the converter's one part). Returns their description."""
+    """The pieces of ``roots``' ``suffix`` files shuffled with ``seed``, cut at ``max_megabytes`` of UTF-8, as JSON
+    lines ``{"text": ...}`` in ``all.jsonl`` (torchtitan's input, and the converter's one part). Returns their
+    description."""
+    documents, size = write_pieces(shuffled_pieces(roots, seed, suffix), folder, max_megabytes)
+    return {'roots': roots, 'suffix': suffix, 'documents': documents, 'megabytes': size / 1e6, 'seed': seed,
+            'piece_chars': PIECE_CHARS}
+
+
+def write_pieces(pieces: list[str], folder: str, max_megabytes: float) -> tuple[int, int]:
+    """``pieces`` in order as JSON lines ``{"text": ...}`` in ``folder``/all.jsonl, cut at ``max_megabytes`` of
+    UTF-8; returns the documents and bytes written."""
     lines, size = [], 0
-    for piece in shuffled_pieces(roots, seed, suffix):
+    for piece in pieces:
         line = json.dumps({'text': piece}) + '\n'
         if size + len(line.encode()) > max_megabytes * 1e6:
             break
@@ -87,8 +100,7 @@ def write_corpus(roots: list[str], folder: str, max_megabytes: float, seed: int 
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, 'all.jsonl'), 'w') as file:
         file.writelines(lines)
-    return {'roots': roots, 'suffix': suffix, 'documents': len(lines), 'megabytes': size / 1e6, 'seed': seed,
-            'piece_chars': PIECE_CHARS}
+    return len(lines), size
 
 
 def shuffled_pieces(roots: list[str], seed: int, suffix: str = '.py') -> list[str]:
@@ -147,17 +159,25 @@ def our_run_yaml(row: Row, folder: str, data: dict, hyper: Hyper, seed: int) -> 
                    'tokenizer': data['tokenizer'],
                    'eos_token': EOS, 'train': {'streams': {'text': {'local': data['mds']}}, 'shuffle': False,
                                                'num_canonical_nodes': 1, 'num_workers': 0}}  # in order
+    if hyper.eval_every:  # the held-out documents' windows in order: torchtitan's validation samples
+        raw['data']['eval'] = {'streams': {'held_out': {'local': data['held_out_mds']}}, 'shuffle': False,
+                               'num_canonical_nodes': 1, 'num_workers': 0}
+        raw.update(eval_interval=f'{hyper.eval_every}ba', eval_subset_num_batches=hyper.eval_batches)
     training = [item for item in row.overrides if item.split('.')[0] in ('optimizer', 'scheduler', 'algorithms')]
     path = os.path.join(folder, 'run.yaml')
     OmegaConf.save(OmegaConf.merge(raw, OmegaConf.from_dotlist(training)), path)
     return path
 
 
-def torchtitan_row(row: Row, hyper: Hyper, seed: int, corpus: str) -> Row:
+def torchtitan_row(row: Row, hyper: Hyper, seed: int, data: dict) -> Row:
     """The torchtitan row with ``hyper`` and ``seed`` in its environment (``.anchors/run.sh``'s LR, WARMUP, SEED,
-    DATA_JSON, and a time limit of 2 s a step; STEPS is set by the runner)."""
-    env = [f'LR={hyper.lr}', f'WARMUP={hyper.warmup}', f'SEED={seed}', f'DATA_JSON={corpus}/all.jsonl',
+    DATA_JSON, and a time limit of 2 s a step; STEPS is set by the runner; with ``hyper.eval_every``, the held-out
+    documents ``benchmark.run_torchtitan`` validates on)."""
+    env = [f'LR={hyper.lr}', f'WARMUP={hyper.warmup}', f'SEED={seed}', f"DATA_JSON={data['corpus']}/all.jsonl",
            f'TT_TIMEOUT={120 + 2 * hyper.steps}']
+    if hyper.eval_every:
+        env += [f"HELD_OUT={data['held_out_corpus']}", f'EVAL_EVERY={hyper.eval_every}',
+                f'EVAL_BATCHES={hyper.eval_batches}']
     return Row(row.name, row.source, [*row.overrides, *env], row.model)
 
 
@@ -248,15 +268,18 @@ class Plan:
 
 
 def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: int,
-                 tokenizer_source: str = TORCHTITAN_TOKENIZER, suffix: str = '.py') -> dict:
+                 tokenizer_source: str = TORCHTITAN_TOKENIZER, suffix: str = '.py',
+                 held_out_megabytes: float = 0.0) -> dict:
     """The corpus, the tokenizer and our MDS shards of it (windows of ``seq_len`` + 1 tokens, torchtitan's samples)
-    under ``work``; returns where they are and their sizes. A ``work`` folder that holds them for the same sources,
-    size and window already is used as it is."""
+    under ``work``, and ``held_out_megabytes`` of the pieces the corpus left out (documents never trained on) the
+    same way; returns where they are and their sizes. A ``work`` folder that holds them for the same request
+    already is used as it is."""
     window = seq_len + 1
     if not os.path.isfile(tokenizer_source):
         raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
     made = os.path.join(work, 'data.json')
-    asked = {'roots': roots, 'suffix': suffix, 'requested_megabytes': corpus_megabytes, 'window': window}
+    asked = {'roots': roots, 'suffix': suffix, 'requested_megabytes': corpus_megabytes, 'window': window,
+             'requested_held_out_megabytes': held_out_megabytes}
     if os.path.isfile(made):
         with open(made) as file:
             data = json.load(file)
@@ -268,8 +291,24 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: 
     data = {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
             'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],
             **asked}
+    if held_out_megabytes:
+        data.update(held_out(work, roots, suffix, corpus['documents'], held_out_megabytes, tokenizer, window))
     write_atomically(made, json.dumps(data))
     return data
+
+
+def held_out(work: str, roots: list[str], suffix: str, documents: int, megabytes: float, tokenizer: str,
+             window: int) -> dict:
+    """The first ``megabytes`` of the pieces a corpus of ``documents`` left out, as JSON lines (torchtitan's
+    validation reads them) and our MDS windows of them."""
+    pieces = held_out_pieces(roots, documents, suffix=suffix)
+    if not pieces:
+        raise ValueError(f'the corpus took every piece of {roots}: none is left out to evaluate on; lower --corpus-mb')
+    folder = os.path.join(work, 'held-out')
+    count, size = write_pieces(pieces, folder, megabytes)
+    converted = convert_corpus(folder, tokenizer, window, os.path.join(work, 'held-out-mds'))
+    return {'held_out_corpus': folder, 'held_out_mds': os.path.join(work, 'held-out-mds', 'train'),
+            'held_out_documents': count, 'held_out_megabytes': size / 1e6, 'held_out_tokens': converted['tokens']}
 
 
 def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: str) -> dict:
@@ -283,14 +322,16 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
             write_shared_init(write_yaml(plan.shared_init, f'{weights}-run'), seed, weights)
         row = starting_from(row, weights)
     if row.model == 'torchtitan':
-        row = torchtitan_row(row, plan.hyper, seed, data['corpus'])
+        row = torchtitan_row(row, plan.hyper, seed, data)
     result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml)
     return {**result, 'seed': seed, 'shared_init': plan.shared_init and str(plan.shared_init)}
 
 
-def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None) -> dict:
-    """Train every (seed, row), then print the window table and each ``OURS:THEIRS`` verdict; the JSON is rewritten
-    after every row, so a run cut short keeps what finished."""
+def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None,
+        quality: str | None = None) -> dict:
+    """Train every (seed, row), then print the window table, each ``OURS:THEIRS`` verdict and, with held-out
+    evaluations and ``quality`` ('REFERENCE:TARGET'), the time-to-quality table; the JSON is rewritten after every
+    row, so a run cut short keeps what finished."""
     results = []
     for seed, row in plan.runs():
         folder = os.path.join(work, 'rows', f'{row.name}-seed{seed}')
@@ -301,7 +342,7 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
         print(f'=== {row.name} seed {seed}: ' + (f"last {plan.width} steps {last:.4f}, "
               f"{result['tokens_per_second_per_gpu']:,.0f} tokens/s/GPU" if last else result.get('error', '')),
               flush=True)
-        report = build_report(plan.hyper, plan.width, data, results, versus)
+        report = build_report(plan.hyper, plan.width, data, results, versus, quality)
         if json_path:
             with open(json_path, 'w') as file:
                 json.dump(report, file, indent=1)
@@ -309,7 +350,8 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
     return report
 
 
-def merge_reports(paths: list[str], versus: list[str], renames: list[str] = ()) -> dict:
+def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
+                  quality: str | None = None) -> dict:
     """One report from the rows of several saved ones (runs split over machines or calls), which must share their
     hyper-parameters and window. ``renames`` ('OLD=NEW', or 'FILE:OLD=NEW' for one file's rows, FILE as given in
     ``paths``) joins rows that ran the same settings under another name (a row whose settings became the default)."""
@@ -325,7 +367,7 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = ()) 
     rows = [{**row, 'name': renamed(row['name'], path, renames)} for path, report in zip(paths, reports)
             for row in report['rows']]
     return build_report(Hyper(**{**first['hyper'], 'betas': tuple(first['hyper']['betas'])}), first['width'],
-                        first['data'], rows, versus)
+                        first['data'], rows, versus, quality)
 
 
 def renamed(name: str, path: str, renames: list[str]) -> str:
@@ -346,22 +388,48 @@ def print_report(report: dict) -> None:
         print(f"{compared['ours']} vs {compared['theirs']}: {'holds' if compared['holds'] else 'does not hold'} "
               f"(windows from step {FROM_STEP} over theirs + {TOLERANCE:.0%}: {over or 'none'}; last window "
               f"{compared['final_ours']:.4f} vs {compared['final_theirs']:.4f})")
+    if 'time_to_quality' in report:
+        print(format_quality(report['time_to_quality'], *report['quality'].split(':')))
 
 
 FROM_STEP, TOLERANCE = 100, 0.01  # the verdict: every window from step 100 on within 1 % of theirs
 
 
-def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], versus: list[str]) -> dict:
+QUALITY_TOLERANCE = 0.005  # a recipe holds when its final held-out loss is within 0.5 % of the reference's
+
+
+def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], versus: list[str],
+                 quality: str | None = None) -> dict:
     summary = summarize(results, width)
     verdicts = [verdict(summary, *pair.split(':'), width, FROM_STEP, TOLERANCE) for pair in versus
                 if all(name in summary for name in pair.split(':'))]
-    return {'hyper': vars(hyper) | {'betas': list(hyper.betas)}, 'width': width, 'data': data,
-            'rows': results, 'summary': summary, 'verdicts': verdicts}
+    report = {'hyper': vars(hyper) | {'betas': list(hyper.betas)}, 'width': width, 'data': data,
+              'rows': results, 'summary': summary, 'verdicts': verdicts}
+    curves = held_out_curves(results)
+    if curves:
+        report['held_out'] = {name: [point._asdict() for point in curve.held_out] for name, curve in curves.items()}
+    if quality and all(name in curves for name in quality.split(':')):
+        report['quality'] = quality
+        report['time_to_quality'] = compare(list(curves.values()), *quality.split(':'), QUALITY_TOLERANCE)
+    return report
+
+
+def held_out_curves(results: list[dict]) -> dict[str, Curve]:
+    """Per row name with held-out evaluations: their mean over seeds and the row's tokens/s (every GPU's, the
+    mean over seeds)."""
+    by_name = {}
+    for result in results:
+        if result.get('held_out'):
+            by_name.setdefault(result['name'], []).append(result)
+    return {name: Curve(name, over_seeds([[Evaluation(*point) for point in row['held_out']] for row in rows]),
+                        rows[0]['tokens_per_step'],
+                        statistics.fmean(row['tokens_per_second_per_gpu'] * row['gpus'] for row in rows))
+            for name, rows in by_name.items()}
 
 
 def report_command(args) -> int:
     """``scripts/measure_learning.py --report``: the saved runs merged, printed and written; 1 if a verdict fails."""
-    report = merge_reports(args.report, args.versus, args.rename)
+    report = merge_reports(args.report, args.versus, args.rename, args.quality)
     print_report(report)
     if args.json:
         with open(args.json, 'w') as file:
@@ -372,12 +440,14 @@ def report_command(args) -> int:
 def train_command(args) -> int:
     """``scripts/measure_learning.py --row ...``: the corpus, then every row on every seed; 1 if a verdict fails."""
     plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
-                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup), args.window, args.gpus,
+                Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup, eval_every=args.eval_every,
+                      eval_batches=args.eval_batches), args.window, args.gpus,
                 args.shared_init and Row.parse(args.shared_init))
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
-        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix)
+        data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix,
+                            held_out_megabytes=args.held_out_mb if args.eval_every else 0.0)
         print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
               flush=True)
-        report = run(plan, data, work, args.versus, args.json)
+        report = run(plan, data, work, args.versus, args.json, args.quality)
     return 0 if all(checked['holds'] for checked in report['verdicts']) else 1

@@ -58,6 +58,20 @@ def test_step_timer_gives_each_step_after_the_warm_up_and_their_mean(monkeypatch
     assert timer.step_seconds() == pytest.approx(2 / 3)
 
 
+
+def test_step_timer_leaves_held_out_evaluations_out_of_the_steps(monkeypatch):
+    """Warm-up 1: an evaluation of 3 s between batches 1 and 2 is not step 2's time."""
+    clock = iter([10.0, 10.5, 13.5, 14.0, 14.25])
+    monkeypatch.setattr(benchmark.time, 'perf_counter', lambda: next(clock))
+    timer = benchmark.StepTimer(warmup=1)
+    timer.batch_end(None, None)
+    timer.eval_start(None, None)
+    timer.eval_end(None, None)
+    timer.batch_end(None, None)
+    timer.batch_end(None, None)
+    assert timer.each_step_seconds() == [1.0, 0.25]
+
+
 FAKE_TORCHTITAN = """
 import json, os, sys
 steps = [{'step': s, 'tps': 1000 * s, 'mfu': 50.0, 'mem_gib': 60.0 + s, 'loss': 10.0 / s}
@@ -140,3 +154,26 @@ def test_the_recorded_loss_is_the_whole_batchs_over_its_micro_batches(micro_batc
 
     whole = recorded(8)
     assert recorded(micro_batch) == pytest.approx(whole, rel=1e-6) and len(whole) == 3
+
+
+FAKE_VALIDATING_TORCHTITAN = FAKE_TORCHTITAN + """
+open(os.environ['OUT'] + '/validation', 'w').write('''[validation]
+enable = false
+''')
+with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'a') as log:
+    for s in (1, 2, 4):
+        print(f'validate step: {s:2}  loss: {5.0 - s / 4:7.4f}  memory: 60.00GiB(75.00%)  tps: 9,000', file=log)
+"""
+
+
+def test_torchtitan_rows_validate_on_the_held_out_documents_named(tmp_path, monkeypatch):
+    script = tmp_path / 'run.sh'
+    script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_VALIDATING_TORCHTITAN}EOF\n")
+    monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    row = Row.parse('tt torchtitan:compile FLAVOR=1B LBS=4 HELD_OUT=/work/held-out EVAL_EVERY=2 EVAL_BATCHES=3')
+    result = benchmark.run_row('unused', row, 1, 1, 3, str(tmp_path / 'row'), prepare_yaml=None)
+    assert result['held_out'] == [[1, 4.75], [2, 4.5], [4, 4.0]]
+    assert result['tokens_per_step'] == 4 * 8192
+    assert (tmp_path / 'row' / 'validation').read_text() == (  # the script's section, as torchtitan's toml has it
+        '[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "/work/held-out"\nfreq = 2\nsteps = 3\n'
+        'local_batch_size = $LBS\nseq_len = $SEQ\n')

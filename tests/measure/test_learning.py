@@ -261,3 +261,62 @@ def test_prepared_data_is_used_again_for_the_same_request(learning_data):
 
 def test_the_table_of_a_run_whose_rows_all_failed_is_its_header():
     assert learning.format_windows({}, 50) == 'steps      '
+
+
+@pytest.fixture(scope='module')
+def held_out_data(tmp_path_factory) -> dict:
+    """A corpus of 2 of the tree's 6 pieces, the other 4 held out."""
+    root = tmp_path_factory.mktemp('held-out')
+    return prepare_data(str(root / 'work'), [source_tree(root / 'src')], 0.005, SEQ_LEN,
+                        small_tokenizer(str(root / 'source-tokenizer')), held_out_megabytes=1.0)
+
+
+def test_the_held_out_documents_are_the_pieces_the_corpus_left_out(held_out_data):
+    trained = [json.loads(line)['text'] for line in open(f"{held_out_data['corpus']}/all.jsonl")]
+    held = [json.loads(line)['text'] for line in open(f"{held_out_data['held_out_corpus']}/all.jsonl")]
+    assert (len(trained), len(held), held_out_data['held_out_documents']) == (2, 4, 4)
+    assert held == learning.held_out_pieces(held_out_data['roots'], 2) and not set(held) & set(trained)
+    assert held_out_data['held_out_tokens'] > 0 and os.path.isfile(f"{held_out_data['held_out_mds']}/index.json")
+
+
+def test_a_corpus_that_takes_every_piece_leaves_none_to_evaluate_on(tmp_path):
+    with pytest.raises(ValueError, match=r'the corpus took every piece of .*: none is left out to evaluate on; '
+                                         r'lower --corpus-mb'):
+        prepare_data(str(tmp_path / 'work'), [source_tree(tmp_path / 'src')], 1.0, SEQ_LEN,
+                     small_tokenizer(str(tmp_path / 'tokenizer')), held_out_megabytes=1.0)
+
+
+FAKE_VALIDATING_TORCHTITAN = FAKE_TORCHTITAN + """
+validation = '''[validation]
+enable = false
+'''  # the section the runner enables
+with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'a') as log:
+    for s in (1, 2, 4):
+        print(f'validate step: {s:2}  loss: {6.0 - s / 2:7.4f}  memory: 60.00GiB(75.00%)  tps: 9,000', file=log)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_row_is_evaluated_on_the_held_out_documents_and_timed_to_the_target(held_out_data, tmp_path,
+                                                                                   monkeypatch, capsys):
+    script = tmp_path / 'run.sh'
+    script.write_text(f"python3 - \"$1\" <<'EOF'{FAKE_VALIDATING_TORCHTITAN}EOF\n")
+    monkeypatch.setattr(benchmark, 'TORCHTITAN_SCRIPT', str(script))
+    monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    plan = Plan([Row.parse(f'ours yamls/demo.yaml {SMALL}'), Row.parse('titan torchtitan:compile FLAVOR=1B LBS=2')],
+                seeds=[1], hyper=Hyper(steps=4, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2)
+    report = learning.run(plan, held_out_data, str(tmp_path / 'work'), [], None, quality='ours:titan')
+    ours, titan = report['rows']
+    assert [step for step, _ in ours['held_out']] == [2, 4] and all(0 < loss < 20 for _, loss in ours['held_out'])
+    assert titan['held_out'] == [[1, 5.5], [2, 5.0], [4, 4.0]]
+    assert (ours['tokens_per_step'], titan['tokens_per_step']) == (2 * SEQ_LEN, 2 * 8192)
+    env = json.load(open(tmp_path / 'work' / 'rows' / 'titan-seed1' / 'env.json'))
+    assert env['DATA_JSON'] == f"{held_out_data['corpus']}/all.jsonl"
+    quality = {entry['name']: entry for entry in report['time_to_quality']}
+    assert quality['titan']['target'] == 4.0 and quality['titan']['sooner'] == 1.0
+    assert quality['ours']['gaps'] == {2: 0.0, 4: 0.0} and quality['ours']['holds']
+    assert quality['titan']['gaps'] == pytest.approx({2: 5.0 / ours['held_out'][0][1] - 1,
+                                                      4: 4.0 / ours['held_out'][1][1] - 1})
+    assert "target: titan's final held-out loss 4.0000; gaps against ours at equal tokens" in capsys.readouterr().out
