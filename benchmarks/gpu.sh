@@ -64,6 +64,13 @@
 #                                               .rst.txt: data_prep/linux_doc_corpus.sh); EVAL_EVERY: held-out loss
 #                                               every so many steps and the time-to-quality table, QUALITY
 #                                               (ours:torchtitan) its REFERENCE:TARGET
+#   bash benchmarks/gpu.sh grid CORPUS LR ROW...  one GPU: a cell of the time-to-quality grid (docs/learning.md):
+#                                               the 1B at 4 x 8,192 tokens a step, 400 steps, seed 1, every row
+#                                               from grid-bf16's weights, held-out loss every 100 steps; CORPUS python
+#                                               (40 MB) or prose (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
+#                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
+#                                               grid-titan-fp8 (about two a call); a cell's calls merge with
+#                                               measure_learning.py --report FILES --quality ours-bf16:torchtitan
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -281,6 +288,7 @@ declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [fl
 # ours in bf16 without checkpointing (S: the shipped YAML's auto settings, float8 where the GPU has it)
 S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
 L="$S device_microbatch_size=2 $AC=none model.float8=false"
+G="yamls/llama1b.yaml global_batch_size=4 model.tie_embeddings=false model.rope_scaling_factor=8"
 declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
                   [float8-blocks]="ours-float8-blocks $L model.float8=true model.float8_output=false"
@@ -288,11 +296,18 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
                   [titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=2"
                   [titan-again]="torchtitan-again torchtitan:compile FLAVOR=1B LBS=2"
-                  [ours-2gpu]="ours-2gpu $L device_microbatch_size=1")
+                  [ours-2gpu]="ours-2gpu $L device_microbatch_size=1"
+                  # the time-to-quality grid (grid): 4 x 8,192 tokens a step, the YAML's auto settings but float8
+                  [grid-bf16]="ours-bf16 $G model.float8=false"
+                  [grid-float8-blocks]="ours-float8-blocks $G model.float8=true model.float8_output=false"
+                  [grid-float8]="ours-float8 $G model.float8=true"
+                  [grid-float8-rowwise]="ours-float8-rowwise $G model.float8=true model.float8_recipe=rowwise"
+                  [grid-titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=4"
+                  [grid-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=4")
 
 learning_name() {  # seeds rows...: the file name (no extension) of a learning call's JSON and log
   local seeds=$1; shift
-  echo "learning-${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*")"
+  echo "learning-${CELL:+$CELL-}${STEPS:-500}-${seeds// /-}-$(IFS=-; echo "$*")"
 }
 
 learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each seed
@@ -305,6 +320,17 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     ${EVAL_EVERY:+--eval-every "$EVAL_EVERY" --quality "${QUALITY:-ours:torchtitan}"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
+}
+
+grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows one after the other
+  local corpus=$1 lr=$2 roots= suffix= megabytes=40; shift 2
+  case $corpus in
+    python) ;;
+    prose) roots=.corpora/linux-doc suffix=.rst.txt megabytes=18 ;;  # carried: data_prep/linux_doc_corpus.sh
+    *) echo "grid: the corpus is python or prose, not '$corpus'"; return 2 ;;
+  esac
+  CELL=$corpus-$lr STEPS=400 LR=$lr EVAL_EVERY=100 QUALITY=ours-bf16:torchtitan SHARED_INIT=grid-bf16 \
+    CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus learning 1 "$@"
 }
 
 learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from
@@ -465,6 +491,7 @@ case "${1:-}" in
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
+  grid) shift; grid "$@" ;;
   learning-split) shift; learning_split "$@" ;;
   learning-2gpu)
     seed=${2:-1}
