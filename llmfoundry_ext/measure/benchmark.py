@@ -324,17 +324,23 @@ def torchtitan_held_out(log: str) -> list[list]:
         return [[int(m[1]), float(m[2])] for m in TORCHTITAN_VALIDATION.finditer(file.read())]
 
 
+TORCHTITAN_TRAIN = '-m torchtitan.train'
+SAME_HELD_OUT = os.path.join(REPO, 'llmfoundry_ext', 'measure', 'torchtitan_validation.py')
+
+
 def torchtitan_validating(script: str, held_out: str, every: int, batches: int) -> str:
     """The anchor script with its (disabled) validation section made to evaluate the documents of ``held_out`` (a
     folder of one JSON-lines file, packed as its training data is) at step 1 and every ``every`` steps: ``batches``
     batches of the training's local batch and sequence length (torchtitan's Validator: the mean of each batch's
-    token-mean loss; its tokens/s leaves the validation out)."""
+    token-mean loss; its tokens/s leaves the validation out), the same batches every time (its trainer started
+    through ``torchtitan_validation.py``)."""
     disabled = '[validation]\nenable = false\n'
-    if disabled not in script:
-        raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{disabled!r}" section to replace; re-run bash '
-                         f'../shared/anchors/prepare.sh')
-    return script.replace(disabled, f'[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "{held_out}"\n'
-                                    f'freq = {every}\nsteps = {batches}\nlocal_batch_size = $LBS\nseq_len = $SEQ\n')
+    for text in (disabled, TORCHTITAN_TRAIN):
+        if text not in script:
+            raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{text!r}" to replace; re-run bash ../shared/anchors/prepare.sh')
+    section = (f'[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "{held_out}"\nfreq = {every}\n'
+               f'steps = {batches}\nlocal_batch_size = $LBS\nseq_len = $SEQ\n')
+    return script.replace(disabled, section).replace(TORCHTITAN_TRAIN, SAME_HELD_OUT)
 
 
 def torchtitan_loading(script: str, hf_folder: str) -> str:

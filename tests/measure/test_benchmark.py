@@ -159,7 +159,7 @@ def test_the_recorded_loss_is_the_whole_batchs_over_its_micro_batches(micro_batc
 FAKE_VALIDATING_TORCHTITAN = FAKE_TORCHTITAN + """
 open(os.environ['OUT'] + '/validation', 'w').write('''[validation]
 enable = false
-''')
+''' + 'torchrun -m torchtitan.train')
 with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'a') as log:
     for s in (1, 2, 4):
         print(f'validate step: {s:2}  loss: {5.0 - s / 4:7.4f}  memory: 60.00GiB(75.00%)  tps: 9,000', file=log)
@@ -176,4 +176,22 @@ def test_torchtitan_rows_validate_on_the_held_out_documents_named(tmp_path, monk
     assert result['tokens_per_step'] == 4 * 8192
     assert (tmp_path / 'row' / 'validation').read_text() == (  # the script's section, as torchtitan's toml has it
         '[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "/work/held-out"\nfreq = 2\nsteps = 3\n'
-        'local_batch_size = $LBS\nseq_len = $SEQ\n')
+        f'local_batch_size = $LBS\nseq_len = $SEQ\ntorchrun {benchmark.SAME_HELD_OUT}')
+
+
+def test_torchtitans_validation_restarts_its_dataset_before_each_round():
+    """torchtitan v0.2.2's validation dataset keeps its position between rounds (checked against its own dataset
+    class on the held-out folder: round 2 read other batches; restarted, round 3 read round 1's, which equal our
+    held-out MDS windows token for token); the wrapped validate starts each round at the first document."""
+    from types import SimpleNamespace
+
+    from llmfoundry_ext.measure.torchtitan_validation import validating_from_the_start
+    dataset = SimpleNamespace(_sample_idx=37, _token_buffer=[5, 6, 7])
+    validator = SimpleNamespace(validation_dataloader=SimpleNamespace(dataset=dataset))
+    seen = []
+    validate = validating_from_the_start(lambda self, parts, step: seen.append(
+        (self.validation_dataloader.dataset._sample_idx, list(self.validation_dataloader.dataset._token_buffer), step)))
+    validate(validator, [], 100)
+    dataset._sample_idx, dataset._token_buffer = 12, [1]
+    validate(validator, [], 200)
+    assert seen == [(0, [], 100), (0, [], 200)]

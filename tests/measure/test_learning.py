@@ -289,7 +289,7 @@ def test_a_corpus_that_takes_every_piece_leaves_none_to_evaluate_on(tmp_path):
 FAKE_VALIDATING_TORCHTITAN = FAKE_TORCHTITAN + """
 validation = '''[validation]
 enable = false
-'''  # the section the runner enables
+''' + '-m torchtitan.train'  # what the runner replaces
 with open(os.environ['OUT'] + f'/tt_{sys.argv[1]}.log', 'a') as log:
     for s in (1, 2, 4):
         print(f'validate step: {s:2}  loss: {6.0 - s / 2:7.4f}  memory: 60.00GiB(75.00%)  tps: 9,000', file=log)
