@@ -320,3 +320,45 @@ def test_every_row_is_evaluated_on_the_held_out_documents_and_timed_to_the_targe
     assert quality['titan']['gaps'] == pytest.approx({2: 5.0 / ours['held_out'][0][1] - 1,
                                                       4: 4.0 / ours['held_out'][1][1] - 1})
     assert "target: titan's final held-out loss 4.0000; gaps against ours at equal tokens" in capsys.readouterr().out
+
+
+def test_the_held_out_batches_are_torchtitans_validation_samples(held_out_data, tmp_path, launched_alone):
+    """Our evaluation reads the held-out documents as torchtitan's validation packs them, token for token."""
+    from llmfoundry_ext.build import build_collator
+    from llmfoundry_ext.data.dataloader import build_dataloader
+    from llmfoundry_ext.preflight import prepare
+
+    run = prepare(our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), held_out_data,
+                               Hyper(steps=2, eval_every=2, eval_batches=3), seed=5))
+    assert (run.config.eval_interval, run.config.eval_subset_num_batches) == ('2ba', 3)
+    loader = build_dataloader(run.config.data.eval, run.config.device_batch_size, build_collator(run), held_out=True)
+    ours = [(sample.tolist(), labels.tolist())
+            for batch in loader.dataloader for sample, labels in zip(batch['input_ids'], batch['labels'])]
+    theirs = torchtitan_samples(held_out_data['held_out_corpus'], held_out_data['tokenizer'], SEQ_LEN, len(ours))
+    assert len(ours) == held_out_data['held_out_tokens'] // (SEQ_LEN + 1) // 2 * 2  # whole batches of 2
+    assert ours == theirs
+
+
+def test_the_held_out_loss_is_the_mean_token_loss_of_the_first_batches(held_out_data, tmp_path, launched_alone):
+    """The recorded held-out loss after the last step equals the mean cross-entropy of the trained model over every
+    label of the first 3 batches of torchtitan's validation samples, computed here by hand."""
+    import torch
+    import torch.nn.functional as F
+
+    from llmfoundry_ext.measure.benchmark import HeldOutRecorder
+    from llmfoundry_ext.preflight import prepare
+    from llmfoundry_ext.train import train
+
+    run = prepare(our_run_yaml(Row.parse(f'ours yamls/demo.yaml {SMALL}'), str(tmp_path), held_out_data,
+                               Hyper(steps=2, eval_every=1, eval_batches=3), seed=5))
+    recorder = HeldOutRecorder()
+    trainer = train(run, extra_callbacks=[recorder])
+    samples = torchtitan_samples(held_out_data['held_out_corpus'], held_out_data['tokenizer'], SEQ_LEN, 3 * 2)
+    inputs, labels = (torch.tensor([sample[part] for sample in samples]) for part in (0, 1))
+    with torch.no_grad():
+        logits = trainer.state.model.model(inputs)
+    expected = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()).item()
+    trainer.close()
+    assert [step for step, _ in recorder.evaluations] == [1, 2]
+    assert recorder.evaluations[1][1] == pytest.approx(expected, rel=1e-6)
+    assert recorder.evaluations[0][1] != recorder.evaluations[1][1]  # the model of batch 1 is not batch 2's
