@@ -126,6 +126,7 @@ AFTER_IMPORT = {
     'lightning_utilities.core.imports': scipy_absent_to_torchmetrics,
     'composer.utils.collect_env': cpu_model_from_proc,
 }
+ADJUSTED = frozenset({*ABSENT_WHILE_IMPORTING, *STAND_INS_WHILE_IMPORTING, *AFTER_IMPORT, *LOADED_ON_FIRST_USE})
 
 
 class AdjustedLoader(importlib.abc.Loader):
@@ -150,7 +151,7 @@ class StartupFinder(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: finds the modules named above as the other finders do, then adjusts their loader."""
 
     def find_spec(self, name, path, target=None):
-        if name not in (*ABSENT_WHILE_IMPORTING, *AFTER_IMPORT, *LOADED_ON_FIRST_USE, *STAND_INS_WHILE_IMPORTING):
+        if name not in ADJUSTED:  # every import asks: one set lookup
             return None
         spec = next(filter(None, (finder.find_spec(name, path, target) for finder in sys.meta_path
                                   if finder is not self and hasattr(finder, 'find_spec'))), None)
