@@ -334,24 +334,26 @@ def torchtitan_validating(script: str, held_out: str, every: int, batches: int) 
     batches of the training's local batch and sequence length (torchtitan's Validator: the mean of each batch's
     token-mean loss; its tokens/s leaves the validation out), the same batches every time (its trainer started
     through ``torchtitan_validation.py``)."""
-    disabled = '[validation]\nenable = false\n'
-    for text in (disabled, TORCHTITAN_TRAIN):
-        if text not in script:
-            raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{text!r}" to replace; re-run bash ../shared/anchors/prepare.sh')
     section = (f'[validation]\nenable = true\ndataset = "c4_test"\ndataset_path = "{held_out}"\nfreq = {every}\n'
                f'steps = {batches}\nlocal_batch_size = $LBS\nseq_len = $SEQ\n')
-    return script.replace(disabled, section).replace(TORCHTITAN_TRAIN, SAME_HELD_OUT)
+    return anchor_replaced(script, {'[validation]\nenable = false\n': section, TORCHTITAN_TRAIN: SAME_HELD_OUT})
 
 
 def torchtitan_loading(script: str, hf_folder: str) -> str:
     """The anchor script with its (disabled) checkpoint section made to load ``hf_folder``'s safetensors as the
     initial model through torchtitan's own HF state-dict adapter, and to save nothing (the script has no option)."""
-    disabled = '[checkpoint]\nenable = false\n'
-    if disabled not in script:
-        raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{disabled!r}" section to replace; re-run bash '
-                         f'../shared/anchors/prepare.sh')
-    return script.replace(disabled, f'[checkpoint]\nenable = true\nload_only = true\ninitial_load_path = '
-                                    f'"{hf_folder}"\ninitial_load_in_hf = true\n')
+    return anchor_replaced(script, {'[checkpoint]\nenable = false\n': f'[checkpoint]\nenable = true\nload_only = true\n'
+                                    f'initial_load_path = "{hf_folder}"\ninitial_load_in_hf = true\n'})
+
+
+def anchor_replaced(script: str, replacements: dict[str, str]) -> str:
+    """The anchor script with each text of ``replacements`` replaced, or the one line naming a text it lacks (an
+    anchor script of another version)."""
+    for text, replacement in replacements.items():
+        if text not in script:
+            raise ValueError(f'{TORCHTITAN_SCRIPT}: no "{text!r}" to replace; re-run bash ../shared/anchors/prepare.sh')
+        script = script.replace(text, replacement)
+    return script
 
 
 def format_table(results: list[dict], baseline: str | None) -> str:
