@@ -2,8 +2,8 @@
 import copy
 import os
 import shutil
-import time
 import sys
+import time
 
 import numpy as np
 import pytest
