@@ -69,8 +69,12 @@
 #                                               from grid-bf16's weights, held-out loss every 100 steps; CORPUS python
 #                                               (40 MB) or prose (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
 #                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
-#                                               grid-titan-fp8 (about two a call); a cell's calls merge with
-#                                               measure_learning.py --report FILES --quality ours-bf16:torchtitan
+#                                               grid-titan-fp8 (one or two a call: ~5 min a row on an H200); a
+#                                               cell's calls merge with measure_learning.py --report FILES
+#                                               --quality ours-bf16:torchtitan; GRID_STEPS=N: the rows' schedule N
+#                                               steps (the table's "steps at 1.15x": the default's time-to-target run);
+#                                               grid-shipped grid-shipped-bf16: llama1b.yaml's tied model as shipped
+#                                               (float8 auto, and bf16) from its own weights, in a call of their own
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -303,7 +307,11 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   [grid-float8]="ours-float8 $G model.float8=true"
                   [grid-float8-rowwise]="ours-float8-rowwise $G model.float8=true model.float8_recipe=rowwise"
                   [grid-titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=4"
-                  [grid-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=4")
+                  [grid-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=4"
+                  # the 1B's model as shipped (tied embeddings, RoPE factor 32: not torchtitan's flavor), from its
+                  # own weights: float8 auto (the default) beside bf16
+                  [grid-shipped]="ours-shipped yamls/llama1b.yaml global_batch_size=4"
+                  [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false")
 
 learning_name() {  # seeds rows...: the file name (no extension) of a learning call's JSON and log
   local seeds=$1; shift
@@ -329,7 +337,12 @@ grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows on
     prose) roots=.corpora/linux-doc suffix=.rst.txt megabytes=18 ;;  # carried: data_prep/linux_doc_corpus.sh
     *) echo "grid: the corpus is python or prose, not '$corpus'"; return 2 ;;
   esac
-  CELL=$corpus-$lr STEPS=400 LR=$lr EVAL_EVERY=100 QUALITY=ours-bf16:torchtitan SHARED_INIT=grid-bf16 \
+  local init=grid-bf16 quality=ours-bf16:torchtitan  # the shipped model's rows start from its own weights
+  case " $* " in *" grid-shipped"*)
+    [[ " $* " =~ " grid-"[^s] ]] && { echo "grid: the grid-shipped rows (tied) go in a call of their own"; return 2; }
+    init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
+  esac
+  CELL=$corpus-$lr STEPS=${GRID_STEPS:-400} LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
     CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus learning 1 "$@"
 }
 

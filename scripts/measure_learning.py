@@ -12,8 +12,9 @@ them), torchtitan's test tokenizer (bash ../shared/anchors/prepare.sh). Prints e
 steps (mean over seeds, their range) and, for each --versus OURS:THEIRS, whether ours stays within 1 % of theirs from
 step 100 on and ends at or below. With --eval-every N every row's held-out loss (--held-out-mb of the pieces the
 corpus left out) every N steps, and with --quality REFERENCE:TARGET the time-to-quality table: each row's final
-held-out loss beside REFERENCE's at equal tokens (within 0.5 %: holds), its tokens and seconds to TARGET's final
-held-out loss, and how much sooner than TARGET it gets there.
+held-out loss beside REFERENCE's at equal tokens (at most 0.5 % above: holds), its tokens and seconds to TARGET's
+final held-out loss, how much sooner than TARGET it gets there, and the steps it trains in TARGET's seconds over 1.15.
+--report merges runs of another --steps as NAME@STEPS (timed to the target, not compared at equal tokens).
 """
 import argparse
 import site

@@ -6,7 +6,11 @@ the same model sooner.
 Our own code: the learning benchmark's rows come from three trainers (ours, torchtitan, transformers), and no
 library reads a time-to-target off their evaluations. Between two evaluations the loss is taken as linear in tokens
 (an evaluation every 100 steps of a 400-step run: the curve is nearly straight there); the wall-clock is the tokens
-over the row's steady throughput (compilation and start-up left out, as the speed table leaves them out)."""
+over the row's steady throughput (compilation and start-up left out, as the speed table leaves them out).
+
+A row whose own schedule ends above the target cannot be timed to it; the table then says how many steps the row
+trains in the time reference's seconds over the speed-up asked for: a run of that many steps (its own schedule, the
+same learning rate) reaching the target is that speed-up, measured (docs/learning.md)."""
 import statistics
 from typing import NamedTuple, Optional
 
@@ -57,29 +61,36 @@ def gaps_at_equal_tokens(held_out: list[HeldOut], reference: list[HeldOut]) -> d
 
 
 class Curve(NamedTuple):
-    """A benchmark row's held-out losses over its seeds and its steady speed."""
+    """A benchmark row's held-out losses over its seeds, its steady speed and the length of its schedule."""
     name: str
     held_out: list[HeldOut]
     tokens_per_step: int
     tokens_per_second: float  # the whole run's: every GPU's
+    steps: int  # its learning-rate schedule's: rows of another length are compared on time alone
 
 
-def compare(rows: list[Curve], quality_reference: str, time_reference: str, tolerance: float) -> list[dict]:
-    """Per row: its final held-out loss and its gaps to ``quality_reference``'s at equal tokens (``holds``: the final
-    gap within ``tolerance``), and the tokens, seconds and speed-up to ``time_reference``'s final mean held-out loss
-    (the target), against the seconds ``time_reference`` takes to reach it."""
+def compare(rows: list[Curve], quality_reference: str, time_reference: str, tolerance: float,
+            speedup: float) -> list[dict]:
+    """Per row: its final held-out loss and its gaps to ``quality_reference``'s at equal tokens where both train the
+    same schedule (``holds``: the final one at most ``tolerance`` over: a lower loss holds); the tokens, seconds and
+    speed-up to ``time_reference``'s final mean held-out loss (the target) against the seconds ``time_reference``
+    takes to reach it; and the steps the row trains in those seconds over ``speedup``."""
     by_name = {row.name: row for row in rows}
+    reference = by_name[quality_reference]
     target = by_name[time_reference].held_out[-1].mean
     reference_seconds = seconds_to_target(by_name[time_reference], target)
     table = []
     for row in rows:
-        gaps = gaps_at_equal_tokens(row.held_out, by_name[quality_reference].held_out)
+        gaps = gaps_at_equal_tokens(row.held_out, reference.held_out) if row.steps == reference.steps else {}
+        final_gap = gaps[max(gaps)] if gaps else None
         seconds = seconds_to_target(row, target)
-        table.append({'name': row.name, 'final_step': row.held_out[-1].step, 'final_loss': row.held_out[-1].mean,
-                      'gaps': gaps, 'final_gap': gaps[max(gaps)], 'holds': abs(gaps[max(gaps)]) <= tolerance,
-                      'target': target, 'tokens_to_target': tokens_to_target(row.held_out, row.tokens_per_step, target),
+        table.append({'name': row.name, 'steps': row.steps, 'final_step': row.held_out[-1].step,
+                      'final_loss': row.held_out[-1].mean, 'gaps': gaps, 'final_gap': final_gap,
+                      'holds': None if final_gap is None else final_gap <= tolerance, 'target': target,
+                      'tokens_to_target': tokens_to_target(row.held_out, row.tokens_per_step, target),
                       'seconds_to_target': seconds, 'tokens_per_second': row.tokens_per_second,
-                      'sooner': reference_seconds / seconds if seconds else None})
+                      'sooner': reference_seconds / seconds if seconds else None, 'speedup_asked': speedup,
+                      'steps_in_time': int(reference_seconds / speedup * row.tokens_per_second / row.tokens_per_step)})
     return table
 
 
@@ -90,16 +101,20 @@ def seconds_to_target(row: Curve, target: float) -> Optional[float]:
 
 
 def format_table(table: list[dict], quality_reference: str, time_reference: str) -> str:
-    """One line a row: final held-out loss, its gap to the quality reference, tokens/s, and tokens, seconds and
-    speed-up to the target."""
+    """One line a row: its schedule, final held-out loss, its gap to the quality reference, tokens/s, tokens,
+    seconds and speed-up to the target, and the steps it trains in the time reference's seconds over the speed-up
+    asked."""
+    speedup = table[0]['speedup_asked']
     lines = [f"target: {time_reference}'s final held-out loss {table[0]['target']:.4f}; gaps against "
              f"{quality_reference} at equal tokens",
-             f"{'row':<24}{'held-out':>10}{'gap':>9}{'tokens/s':>11}{'tokens to target':>18}{'s to target':>13}"
-             f"{'sooner':>8}"]
+             f"{'row':<24}{'steps':>6}{'held-out':>10}{'gap':>9}{'tokens/s':>11}{'tokens to target':>18}"
+             f"{'s to target':>13}{'sooner':>8}{f'steps at {speedup:g}x':>16}"]
     for entry in table:
         reached = entry['tokens_to_target'] is not None
-        lines.append(f"{entry['name']:<24}{entry['final_loss']:>10.4f}{entry['final_gap']:>+9.2%}"
+        gap = '-' if entry['final_gap'] is None else f"{entry['final_gap']:+.2%}"
+        lines.append(f"{entry['name']:<24}{entry['steps']:>6}{entry['final_loss']:>10.4f}{gap:>9}"
                      f"{entry['tokens_per_second']:>11,.0f}"
                      + (f"{entry['tokens_to_target']:>18,.0f}{entry['seconds_to_target']:>13.1f}"
-                        f"{entry['sooner']:>7.2f}x" if reached else f"{'not reached':>18}{'-':>13}{'-':>8}"))
+                        f"{entry['sooner']:>7.2f}x" if reached else f"{'not reached':>18}{'-':>13}{'-':>8}")
+                     + f"{entry['steps_in_time']:>16}")
     return '\n'.join(lines)

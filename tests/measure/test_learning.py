@@ -51,6 +51,33 @@ def test_merged_reports_join_renamed_rows_of_the_files_named(tmp_path):
     assert merged['verdicts'][0]['holds'] and merged['verdicts'][0]['final_ours'] == 2.0
 
 
+def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(tmp_path):
+    """The default trained as long as torchtitan's seconds over 1.15 allow, merged beside the 400-step cell."""
+    def report(name, steps, rows):
+        path = tmp_path / name
+        path.write_text(json.dumps(learning.build_report(Hyper(steps=steps, eval_every=2), 2, {}, rows, [])))
+        return str(path)
+
+    def row(name, held_out, tokens_per_second):
+        return {'name': name, 'seed': 1, 'losses': [4.0, 3.0], 'held_out': held_out, 'tokens_per_step': 10,
+                'tokens_per_second_per_gpu': tokens_per_second, 'gpus': 1}
+
+    cell = report('cell.json', 4, [row('bf16', [[2, 3.0], [4, 2.0]], 100.0),
+                                   row('titan', [[2, 3.0], [4, 1.9]], 80.0)])
+    longer = report('longer.json', 5, [row('bf16', [[2, 3.0], [4, 2.1], [5, 1.9]], 100.0)])
+    merged = learning.merge_reports([cell, longer], [], quality='bf16:titan')
+    table = {entry['name']: entry for entry in merged['time_to_quality']}
+    assert list(table) == ['bf16', 'titan', 'bf16@5']
+    longest = table['bf16@5']
+    assert (longest['steps'], longest['holds'], longest['tokens_to_target']) == (5, None, 50.0)
+    assert longest['sooner'] == pytest.approx((40 / 80) / (50 / 100), rel=1e-12)  # 1.0x: as soon
+    assert table['bf16']['steps_in_time'] == 4  # torchtitan's 0.5 s over 1.15 at 100 tokens/s: 43 tokens
+    other_lr = tmp_path / 'lr.json'
+    other_lr.write_text(json.dumps(learning.build_report(Hyper(steps=4, lr=1e-3, eval_every=2), 2, {}, [], [])))
+    with pytest.raises(ValueError, match=r"lr.json: trained with .*'lr': 0.001"):
+        learning.merge_reports([cell, str(other_lr)], [])
+
+
 def source_tree(root) -> str:
     for index in range(3):
         os.makedirs(root / f'pkg{index}', exist_ok=True)
@@ -232,7 +259,7 @@ def test_with_a_shared_init_every_row_of_a_seed_starts_from_the_same_weights(lea
     report = learning.run(plan, learning_data, str(work), [], None)
     assert [(row['name'], row['shared_init'], len(row['losses'])) for row in report['rows']] == [
         ('ours', str(ours), 2), ('titan', str(ours), 2)]
-    weights = str(work / 'init-seed3')
+    weights = str(work / 'init-ours-seed3')  # one a seed and shared model (the shipped tied 1B draws its own)
     assert json.load(open(work / 'rows' / 'titan-seed3' / 'env.json'))['SEED'] == '3'
     assert open(work / 'rows' / 'titan-seed3' / 'toml').read() == (
         f'[checkpoint]\nenable = true\nload_only = true\ninitial_load_path = "{weights}"\ninitial_load_in_hf = true\n')
@@ -306,17 +333,18 @@ def test_every_row_is_evaluated_on_the_held_out_documents_and_timed_to_the_targe
     monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     plan = Plan([Row.parse(f'ours yamls/demo.yaml {SMALL}'), Row.parse('titan torchtitan:compile FLAVOR=1B LBS=2')],
-                seeds=[1], hyper=Hyper(steps=4, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2)
+                seeds=[1], hyper=Hyper(steps=5, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2)
     report = learning.run(plan, held_out_data, str(tmp_path / 'work'), [], None, quality='ours:titan')
     ours, titan = report['rows']
-    assert [step for step, _ in ours['held_out']] == [2, 4] and all(0 < loss < 20 for _, loss in ours['held_out'])
+    # every 2 steps and at the schedule's end: a longer run's last evaluation is its last step's
+    assert [step for step, _ in ours['held_out']] == [2, 4, 5] and all(0 < loss < 20 for _, loss in ours['held_out'])
     assert titan['held_out'] == [[1, 5.5], [2, 5.0], [4, 4.0]]
     assert (ours['tokens_per_step'], titan['tokens_per_step']) == (2 * SEQ_LEN, 2 * 8192)
     env = json.load(open(tmp_path / 'work' / 'rows' / 'titan-seed1' / 'env.json'))
     assert env['DATA_JSON'] == f"{held_out_data['corpus']}/all.jsonl"
     quality = {entry['name']: entry for entry in report['time_to_quality']}
     assert quality['titan']['target'] == 4.0 and quality['titan']['sooner'] == 1.0
-    assert quality['ours']['gaps'] == {2: 0.0, 4: 0.0} and quality['ours']['holds']
+    assert quality['ours']['gaps'] == {2: 0.0, 4: 0.0, 5: 0.0} and quality['ours']['holds']
     assert quality['titan']['gaps'] == pytest.approx({2: 5.0 / ours['held_out'][0][1] - 1,
                                                       4: 4.0 / ours['held_out'][1][1] - 1})
     assert "target: titan's final held-out loss 4.0000; gaps against ours at equal tokens" in capsys.readouterr().out

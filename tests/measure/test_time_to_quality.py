@@ -35,10 +35,10 @@ def test_gaps_are_relative_to_the_reference_at_the_steps_both_evaluated():
 
 
 def test_a_faster_recipe_that_loses_held_out_loss_is_sooner_but_does_not_hold():
-    rows = [Curve('bf16', BF16, 1000, 1000.0),
-            Curve('float8', means((100, 2.52), (200, 2.12), (300, 1.92)), 1000, 1250.0),
-            Curve('torchtitan', means((100, 2.55), (200, 2.15), (300, 1.95)), 1000, 1100.0)]
-    table = compare(rows, quality_reference='bf16', time_reference='torchtitan', tolerance=0.005)
+    rows = [Curve('bf16', BF16, 1000, 1000.0, 300),
+            Curve('float8', means((100, 2.52), (200, 2.12), (300, 1.92)), 1000, 1250.0, 300),
+            Curve('torchtitan', means((100, 2.55), (200, 2.15), (300, 1.95)), 1000, 1100.0, 300)]
+    table = compare(rows, quality_reference='bf16', time_reference='torchtitan', tolerance=0.005, speedup=1.15)
     by_name = {entry['name']: entry for entry in table}
     assert [entry['target'] for entry in table] == [1.95] * 3  # torchtitan's final held-out loss
     assert by_name['torchtitan']['seconds_to_target'] == pytest.approx(300_000 / 1100, rel=1e-12)
@@ -49,17 +49,39 @@ def test_a_faster_recipe_that_loses_held_out_loss_is_sooner_but_does_not_hold():
     assert by_name['float8']['sooner'] == pytest.approx((300_000 / 1100) / 228, rel=1e-12)  # 1.196x
     assert by_name['float8']['final_gap'] == pytest.approx(0.02 / 1.9, rel=1e-12)  # +1.05 %: over 0.5 %
     assert [entry['holds'] for entry in table] == [True, False, False]
+    # in torchtitan's 272.7 s over 1.15 (237.2 s), 1,000 tokens a step: 237 steps at 1,000 tokens/s, 296 at 1,250
+    assert [entry['steps_in_time'] for entry in table] == [237, 296, 260]
     assert format_table(table, 'bf16', 'torchtitan').splitlines() == [
         "target: torchtitan's final held-out loss 1.9500; gaps against bf16 at equal tokens",
-        'row                       held-out      gap   tokens/s  tokens to target  s to target  sooner',
-        'bf16                        1.9000   +0.00%      1,000           275,000        275.0   0.99x',
-        'float8                      1.9200   +1.05%      1,250           285,000        228.0   1.20x',
-        'torchtitan                  1.9500   +2.63%      1,100           300,000        272.7   1.00x']
+        'row                      steps  held-out      gap   tokens/s  tokens to target  s to target  sooner'
+        '  steps at 1.15x',
+        'bf16                       300    1.9000   +0.00%      1,000           275,000        275.0   0.99x'
+        '             237',
+        'float8                     300    1.9200   +1.05%      1,250           285,000        228.0   1.20x'
+        '             296',
+        'torchtitan                 300    1.9500   +2.63%      1,100           300,000        272.7   1.00x'
+        '             260']
+
+
+def test_a_lower_loss_holds_and_a_row_of_another_schedule_is_timed_but_not_compared_at_equal_tokens():
+    rows = [Curve('bf16', BF16, 1000, 1000.0, 300),
+            Curve('better', means((100, 2.4), (200, 2.0), (300, 1.8)), 1000, 1000.0, 300),
+            Curve('longer', means((100, 2.4), (200, 2.1), (300, 1.95), (330, 1.85)), 1000, 1250.0, 330)]
+    table = compare(rows, 'bf16', 'bf16', 0.005, 1.15)
+    assert table[1]['final_gap'] == pytest.approx(-0.1 / 1.9, rel=1e-12) and table[1]['holds'] is True  # -5.3 %
+    assert (table[2]['gaps'], table[2]['final_gap'], table[2]['holds']) == ({}, None, None)
+    assert table[2]['tokens_to_target'] == pytest.approx(315_000, rel=1e-12)  # 1.9: halfway from 1.95 to 1.85
+    assert table[2]['sooner'] == pytest.approx(300 / 252, rel=1e-12)
+    assert format_table(table, 'bf16', 'bf16').splitlines()[-1] == (
+        'longer                     330    1.8500        -      1,250           315,000        252.0   1.19x'
+        '             326')
 
 
 def test_a_row_that_never_reaches_the_target_says_so():
-    rows = [Curve('bf16', BF16, 1000, 1000.0), Curve('slow', means((100, 2.6), (200, 2.3), (300, 2.0)), 1000, 900.0)]
-    table = compare(rows, 'bf16', 'bf16', 0.005)
+    rows = [Curve('bf16', BF16, 1000, 1000.0, 300),
+            Curve('slow', means((100, 2.6), (200, 2.3), (300, 2.0)), 1000, 900.0, 300)]
+    table = compare(rows, 'bf16', 'bf16', 0.005, 1.15)
     assert table[1]['tokens_to_target'] is None and table[1]['sooner'] is None
     assert format_table(table, 'bf16', 'bf16').splitlines()[-1] == (
-        'slow                        2.0000   +5.26%        900       not reached            -       -')
+        'slow                       300    2.0000   +5.26%        900       not reached            -       -'
+        '             234')
