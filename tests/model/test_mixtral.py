@@ -1,12 +1,13 @@
-"""The Mixtral model: published parameter count, active-parameter FLOPs, the grouped-GEMM experts against a
-per-expert loop, and the load-balancing loss's range."""
+"""The Mixtral model: published parameter count, active-parameter FLOPs, the grouped-GEMM experts and the whole MoE
+layer (8 experts top-2, and 64 top-8, the shape most MoE pretraining uses now) against a per-expert loop, and the
+load-balancing loss's range."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.mixtral import (PRESETS, GroupedExperts, Mixtral, MixtralConfig, load_balancing_loss,
-                                          times_chosen)
+from llmfoundry_ext.model.mixtral import (PRESETS, MoE, GroupedExperts, Mixtral, MixtralConfig,
+                                          load_balancing_loss, times_chosen)
 
 TINY = MixtralConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101, n_experts=4,
                      experts_per_token=2, rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=128)
@@ -73,6 +74,36 @@ def test_grouped_experts_equal_the_loop_in_fp32():
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def moe_loop_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
+    """transformers' Mixtral block as a loop: the router's softmax, the top k renormalised, each expert in turn."""
+    tokens = x.flatten(0, 1)
+    probabilities = F.softmax(tokens @ moe.gate.weight.T, dim=-1, dtype=torch.float)
+    weights, chosen = probabilities.topk(moe.top_k, dim=-1)
+    return loop_reference(moe.experts, tokens, chosen, weights / weights.sum(-1, keepdim=True)).view_as(x)
+
+
+@pytest.mark.parametrize('n_experts,top_k', [(8, 2), (64, 8)])
+def test_the_moe_layer_equals_a_loop_over_its_experts_with_gradients(n_experts, top_k):
+    """Router, permutation, grouped GEMMs and the weighted combine; 384 tokens: at 64 experts top-8, 3,072 routed
+    copies, every expert's group non-empty."""
+    torch.manual_seed(0)
+    moe = MoE(MixtralConfig(dim=64, ffn_dim=32, n_layers=2, n_experts=n_experts, experts_per_token=top_k),
+              KernelConfig(), layer_id=0)
+    moe.experts.init_weights()
+    torch.nn.init.normal_(moe.gate.weight, std=0.5)
+    x = torch.randn(4, 96, 64, requires_grad=True)
+    out, statistics = moe(x)
+    expected = moe_loop_reference(moe, x)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    parameters = [x, moe.gate.weight, moe.experts.w1, moe.experts.w2, moe.experts.w3]
+    grads = torch.autograd.grad((out ** 2).sum(), parameters)
+    expected_grads = torch.autograd.grad((expected ** 2).sum(), parameters)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+    assert statistics[0].sum().item() == 384 * top_k and statistics[0].min().item() > 0
+    torch.testing.assert_close(statistics[1].sum(), torch.tensor(384.0))
 
 
 def test_grouped_experts_run_fp32_weights_in_autocasts_dtype(monkeypatch):
