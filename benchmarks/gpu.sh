@@ -74,7 +74,9 @@
 #                                               --quality ours-bf16:torchtitan; GRID_STEPS=N: the rows' schedule N
 #                                               steps (the table's "steps at 1.15x": the default's time-to-target run);
 #                                               grid-shipped grid-shipped-bf16: llama1b.yaml's tied model as shipped
-#                                               (float8 auto, and bf16) from its own weights, in a call of their own
+#                                               (float8 auto, and bf16) from its own weights, in a call of their own;
+#                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
+#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -311,7 +313,11 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   # the 1B's model as shipped (tied embeddings, RoPE factor 32: not torchtitan's flavor), from its
                   # own weights: float8 auto (the default) beside bf16
                   [grid-shipped]="ours-shipped yamls/llama1b.yaml global_batch_size=4"
-                  [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false")
+                  [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false"
+                  # 2 GPUs: llama8b.yaml as shipped (float8 auto, 2 samples a GPU) beside torchtitan's fp8 (its
+                  # llama3 config: the output layer in bf16), from the 8B's weights
+                  [grid-8b]="ours-8b yamls/llama8b.yaml global_batch_size=4"
+                  [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=2")
 
 learning_name() {  # seeds rows...: the file name (no extension) of a learning call's JSON and log
   local seeds=$1; shift
@@ -330,6 +336,10 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
 }
 
+grid_weights() {  # row: the weights a grid row starts from: torchtitan's 1B flavor's, the shipped tied 1B's, the 8B's
+  case $1 in grid-shipped*) echo shipped ;; grid-8b*) echo 8b ;; *) echo 1b ;; esac
+}
+
 grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows one after the other
   local corpus=$1 lr=$2 roots= suffix= megabytes=40; shift 2
   case $corpus in
@@ -337,13 +347,18 @@ grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows on
     prose) roots=.corpora/linux-doc suffix=.rst.txt megabytes=18 ;;  # carried: data_prep/linux_doc_corpus.sh
     *) echo "grid: the corpus is python or prose, not '$corpus'"; return 2 ;;
   esac
-  local init=grid-bf16 quality=ours-bf16:torchtitan  # the shipped model's rows start from its own weights
-  case " $* " in *" grid-shipped"*)
-    [[ " $* " =~ " grid-"[^s] ]] && { echo "grid: the grid-shipped rows (tied) go in a call of their own"; return 2; }
-    init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
+  local row family=$(grid_weights "$1")  # a call's rows start from one model's weights
+  for row in "$@"; do
+    [ "$(grid_weights "$row")" = "$family" ] || { echo "grid: $1 and $row start from other weights: a call each"; return 2; }
+  done
+  local init=grid-bf16 quality=ours-bf16:torchtitan steps=400 gpus=1
+  case $family in
+    shipped) init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
+    8b) init=grid-8b quality=ours-8b:ours-8b steps=300 gpus=2 ;;
   esac
-  CELL=$corpus-$lr STEPS=${GRID_STEPS:-400} LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
-    CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus learning 1 "$@"
+  CELL=$corpus-$lr STEPS=${GRID_STEPS:-$steps} LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
+    LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus \
+    learning 1 "$@"
 }
 
 learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from
