@@ -178,10 +178,11 @@ def float8_linear_config(recipe: str, fp8_all_gather: bool = False):
 
 def compiled_float8_matmul(linear: torch.nn.Linear, recipe: str):
     """(hidden, weight) -> ``linear``'s output through torchao's float8 matmul by ``recipe``, compiled (the output
-    layer's three GEMMs in float8, as torchtitan's float8 does). Not a swap to ``Float8Linear``: the output weight may
-    be tied to the embeddings, which a float8 all-gather must not touch. Compiled, the casts of the [tokens x vocab]
-    gradient fuse; eager, torchao's casts go through fp32 copies of it: the 1B at micro-batch 4 ran at 0.87x the
-    bf16 output layer's speed with 38 GiB more (366c6dd, benchmarks/float8_gpu_2026-11-28.md)."""
+    layer's three GEMMs in float8; torchtitan's llama3 configs leave that layer in bf16). Not a swap to
+    ``Float8Linear``: the output weight may be tied to the embeddings, which a float8 all-gather must not touch.
+    Compiled, the casts of the [tokens x vocab] gradient fuse; eager, torchao's casts go through fp32 copies of it:
+    the 1B at micro-batch 4 ran at 0.87x the bf16 output layer's speed with 38 GiB more (366c6dd,
+    benchmarks/float8_gpu_2026-11-28.md)."""
     from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
 
     config = float8_linear_config(recipe)

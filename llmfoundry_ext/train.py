@@ -209,11 +209,16 @@ def optimizer_line(run: Run) -> str:
     return '  ' + '; '.join(parts)
 
 
+FLOAT8_HELD_OUT = 'benchmarks/time-to-quality_h200_2026-11-29.md'  # float8's held-out loss beside bf16's
+
+
 def float8_text(model) -> str:
-    """', float8 tensorwise (blocks and output layer)' in the start summary; '' without float8."""
+    """', float8 tensorwise (blocks and output layer; held-out loss: REPORT)' in the start summary: the recipe and
+    the measurement of what it costs; '' without float8."""
     if not model.float8:
         return ''
-    return f", float8 {model.float8_recipe} ({'blocks and output layer' if model.float8_output_layer else 'blocks'})"
+    layers = 'blocks and output layer' if model.float8_output_layer else 'blocks'
+    return f', float8 {model.float8_recipe} ({layers}; held-out loss: {FLOAT8_HELD_OUT})'
 
 
 def downstream_line(run: Run) -> list[str]:

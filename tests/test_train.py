@@ -169,3 +169,16 @@ def test_an_optimizer_named_without_lr_trains_at_the_documented_default(tiny_con
     assert [group['lr'] for group in trainer.state.optimizers[0].param_groups] == [3e-4]
     assert '  optimizer adamw (betas [0.9, 0.95], lr 0.0003 default); scheduler none (a constant rate)' in (
         capsys.readouterr().out.splitlines())
+
+
+def test_the_start_summary_names_the_float8_recipe_and_the_report_of_its_held_out_loss():
+    from llmfoundry_ext.config import ModelConfig
+    from llmfoundry_ext.train import FLOAT8_HELD_OUT, float8_text
+
+    report = 'benchmarks/time-to-quality_h200_2026-11-29.md'
+    assert FLOAT8_HELD_OUT == report and os.path.isfile(os.path.join(REPO, report))
+    assert float8_text(ModelConfig(float8=True, compile=True)) == (
+        f', float8 tensorwise (blocks and output layer; held-out loss: {report})')
+    assert float8_text(ModelConfig(float8=True, compile=True, float8_output=False, float8_recipe='rowwise')) == (
+        f', float8 rowwise (blocks; held-out loss: {report})')
+    assert float8_text(ModelConfig(float8=False)) == ''
