@@ -53,6 +53,8 @@ def main(argv: list[str]) -> int:
                         'evaluate on (with --eval-every)')
     parser.add_argument('--quality', metavar='REFERENCE:TARGET', help='with --eval-every: each row\'s final held-out '
                         'loss beside REFERENCE\'s at equal tokens, and its tokens and seconds to TARGET\'s')
+    parser.add_argument('--stop-by', type=float, metavar='SECONDS', help='begin no row that would end more than '
+                        'SECONDS after the start, were it as long as the longest so far (a device call\'s limit)')
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:

@@ -25,7 +25,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import OmegaConf
@@ -260,6 +261,8 @@ class Plan:
     width: int = 50
     gpus: int = 1
     shared_init: Row | None = None  # the row whose model draws each seed's weights for every row to start from
+    stop_by: float | None = None  # seconds after ``started``: a row the longest so far would carry past is not begun
+    started: float = field(default_factory=time.monotonic)
 
     def runs(self) -> list[tuple[int, Row]]:
         """(seed, row) in the order they train: seed by seed, so a run cut short has every row's first seeds."""
@@ -331,12 +334,21 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
         quality: str | None = None) -> dict:
     """Train every (seed, row), then print the window table, each ``OURS:THEIRS`` verdict and, with held-out
     evaluations and ``quality`` ('REFERENCE:TARGET'), the time-to-quality table; the JSON is rewritten after every
-    row, so a run cut short keeps what finished."""
-    results = []
+    row, so a run cut short keeps what finished. With ``plan.stop_by`` (a device call's limit), a row that would end
+    after it, were it as long as the longest so far, is not begun: a row cut by the call's limit is device time
+    lost."""
+    results, longest = [], 0.0
     for seed, row in plan.runs():
+        left = plan.stop_by - (time.monotonic() - plan.started) if plan.stop_by else None
+        if results and left is not None and longest > left:
+            print(f'=== {row.name} seed {seed}: not begun: the longest row so far took {longest:.0f} s, {left:.0f} s '
+                  f'are left of --stop-by {plan.stop_by:g}', flush=True)
+            continue
         folder = os.path.join(work, 'rows', f'{row.name}-seed{seed}')
         shutil.rmtree(folder, ignore_errors=True)
+        begun = time.monotonic()
         result = train_row(plan, row, seed, data, folder, work)
+        longest = max(longest, time.monotonic() - begun)
         results.append(result)
         last = statistics.fmean(result['losses'][-plan.width:]) if 'losses' in result else None
         print(f'=== {row.name} seed {seed}: ' + (f"last {plan.width} steps {last:.4f}, "
@@ -452,7 +464,7 @@ def train_command(args) -> int:
     plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
                 Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup, eval_every=args.eval_every,
                       eval_batches=args.eval_batches), args.window, args.gpus,
-                args.shared_init and Row.parse(args.shared_init))
+                args.shared_init and Row.parse(args.shared_init), args.stop_by)
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
         data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix,

@@ -78,6 +78,23 @@ def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(
         learning.merge_reports([cell, str(other_lr)], [])
 
 
+def test_a_row_that_would_outlast_the_calls_limit_is_not_begun(monkeypatch, capsys):
+    """--stop-by 300: rows of 100 and 150 s; the third would end at 250 + 150 s, past 300: neither it nor the fourth
+    begins, and the report holds the two that ran."""
+    clock = iter([0.0, 0.0, 100.0, 100.0, 100.0, 250.0, 250.0, 250.0])
+    monkeypatch.setattr(learning.time, 'monotonic', lambda: next(clock))
+    monkeypatch.setattr(learning, 'train_row', lambda plan, row, seed, data, folder, work: {
+        'name': row.name, 'seed': seed, 'losses': [3.0, 2.0], 'tokens_per_second_per_gpu': 1.0, 'gpus': 1})
+    plan = Plan([Row.parse(f'{name} yamls/demo.yaml') for name in 'abcd'], seeds=[1], width=2, stop_by=300,
+                started=0.0)
+    report = learning.run(plan, {}, '/nonexistent', [], None)
+    assert [row['name'] for row in report['rows']] == ['a', 'b']
+    lines = capsys.readouterr().out.splitlines()
+    assert [line for line in lines if 'not begun' in line] == [
+        f'=== {name} seed 1: not begun: the longest row so far took 150 s, 50 s are left of --stop-by 300'
+        for name in 'cd']
+
+
 def source_tree(root) -> str:
     for index in range(3):
         os.makedirs(root / f'pkg{index}', exist_ok=True)
