@@ -332,6 +332,7 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     --gpus "${LEARNING_GPUS:-1}" ${LR:+--lr "$LR"} ${ROOTS:+--roots $ROOTS --suffix "${SUFFIX:-.py}"} \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     ${EVAL_EVERY:+--eval-every "$EVAL_EVERY" --quality "${QUALITY:-ours:torchtitan}"} ${STOP_BY:+--stop-by "$STOP_BY"} \
+    ${TRANSFORMERS_CHECK:+--transformers-check "$TRANSFORMERS_CHECK"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
 }
@@ -356,9 +357,10 @@ grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows on
     shipped) init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
     8b) init=grid-8b quality=ours-8b:ours-8b steps=300 gpus=2 ;;
   esac
-  # STOP_BY: a row that would outlast the call's 600 s is not begun (the install and imports come first)
+  # STOP_BY: a row that would outlast the call's 600 s is not begun (the install and imports come first, and
+  # transformers' check of ours-bf16's export, ~45 s on an H200, after the rows)
   CELL=$corpus-$lr STEPS=${GRID_STEPS:-$steps} LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
-    STOP_BY=${STOP_BY:-560} \
+    STOP_BY=${STOP_BY:-540} TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
     LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus \
     learning 1 "$@"
 }

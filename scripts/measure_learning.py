@@ -55,6 +55,8 @@ def main(argv: list[str]) -> int:
                         'loss beside REFERENCE\'s at equal tokens, and its tokens and seconds to TARGET\'s')
     parser.add_argument('--stop-by', type=float, metavar='SECONDS', help='begin no row that would end more than '
                         'SECONDS after the start, were it as long as the longest so far (a device call\'s limit)')
+    parser.add_argument('--transformers-check', metavar='ROW', help="with --eval-every: transformers' model scores "
+                        "the held-out batches again on ours row ROW's trained weights (its first seed, one GPU)")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.report:

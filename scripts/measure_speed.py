@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--json', help='write the results here')
     parser.add_argument('--worker', help=argparse.SUPPRESS)  # one row, inside composer -n GPUS
     parser.add_argument('--worker-yaml', help=argparse.SUPPRESS)
+    parser.add_argument('--export', help=argparse.SUPPRESS)  # the worker's trained weights for transformers' check
     args = parser.parse_args(argv)
     if args.worker:
         return work(args)

@@ -13,6 +13,7 @@ folder the parent wrote for every rank; rank 0 writes the row's figures to a JSO
 """
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import re
@@ -38,7 +39,7 @@ from llmfoundry_ext.measure.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.model.composer_model import batch_flops, token_mean_cross_entropy
-from llmfoundry_ext.weights import family_of
+from llmfoundry_ext.weights import family_of, save_hf
 from llmfoundry_ext.train import train
 
 SOURCES = {'hf:': 'hf', 'hf-loop:': 'hf-loop', 'torchtitan:': 'torchtitan'}  # SOURCE prefix -> model; none: ours
@@ -201,8 +202,9 @@ def prepare(row: Row, folder: str, warmup: int, steps: int, mean_document_tokens
     return synthetic_run_yaml(row.source, overrides, folder, warmup + steps + 2, mean_document_tokens)
 
 
-def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
-    """Train the prepared ``yaml`` (in this process group) and return the row's figures."""
+def measure(row: Row, yaml: str, warmup: int, steps: int, export: str | None = None) -> dict:
+    """Train the prepared ``yaml`` (in this process group) and return the row's figures; with ``export``, the
+    trained weights and the held-out batches for transformers to score (``export_for_transformers``)."""
     run = preflight.prepare(yaml)
     config = run.config
     timer, recorder, held_out = StepTimer(warmup), LossRecorder(), HeldOutRecorder()
@@ -217,6 +219,8 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     except torch.OutOfMemoryError:
         return {**named, 'error': 'out of memory'}
     hf = {} if model is None else {'transformers': version('transformers'), 'experts': model.experts_implementation}
+    if export:
+        export_for_transformers(trainer, run, export)
     peak_flops = get_gpu_flops_available(trainer.state) if torch.cuda.is_available() else 0
     trainer.close()
     seconds = timer.step_seconds()
@@ -236,25 +240,59 @@ def measure(row: Row, yaml: str, warmup: int, steps: int) -> dict:
     }
 
 
-def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
+def export_for_transformers(trainer, run, folder: str) -> None:
+    """A one-process row's trained weights as an fp32 HF folder, and in it ``held_out.pt``: the batches its
+    held-out evaluations read (input_ids and labels), for ``transformers_held_out_loss`` to score again."""
+    if dist.get_world_size() != 1:
+        raise ValueError('the transformers check exports a one-process row')
+    weights = {name: tensor.detach().cpu() for name, tensor in trainer.state.model.model.state_dict().items()}
+    save_hf(weights, run.architecture, folder, torch.float32)
+    loader = trainer.state.evaluators[0].dataloader.dataloader
+    batches = list(itertools.islice(loader, run.config.eval_subset_num_batches))
+    torch.save({key: torch.cat([batch[key] for batch in batches]) for key in ('input_ids', 'labels')},
+               os.path.join(folder, 'held_out.pt'))
+
+
+def transformers_held_out_loss(folder: str, device: str) -> float:
+    """transformers' AutoModelForCausalLM on an ``export_for_transformers`` folder (fp32, sdpa): the mean token
+    loss over its held-out batches, a sample at a time; the evaluator's check, by other code on the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation='sdpa')
+    model.to(device).eval()
+    saved = torch.load(os.path.join(folder, 'held_out.pt'))
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for input_ids, labels in zip(saved['input_ids'].split(1), saved['labels'].split(1)):
+            logits = model(input_ids=input_ids.to(device)).logits
+            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(),
+                                                       ignore_index=-100, reduction='sum').item()
+            tokens += int((labels != -100).sum())
+    return total / tokens
+
+
+def run_row(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml,
+            export: str | None = None) -> dict:
     """One row in its own processes: its figures, or the error it ended with. ``prepare_yaml(row, folder)`` writes
     an ours or hf row's run YAML into ``folder`` and returns its path; ``script`` is scripts/measure_speed.py (its
-    ``--worker`` mode trains the row). The GPUs' clocks and power while it trains join its figures (``gpu_clocks``)."""
+    ``--worker`` mode trains the row). The GPUs' clocks and power while it trains join its figures (``gpu_clocks``).
+    ``export``: an ours row's trained weights and held-out batches go there (``export_for_transformers``)."""
     os.makedirs(folder)
     with GpuSampler() as sampler:
         if row.model == 'torchtitan':
             result = run_torchtitan(row, gpus, warmup, steps, folder)
         else:
-            result = run_ours(script, row, gpus, warmup, steps, folder, prepare_yaml)
+            result = run_ours(script, row, gpus, warmup, steps, folder, prepare_yaml, export)
     return result if 'error' in result else result | sampler.summary()
 
 
-def run_ours(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml) -> dict:
+def run_ours(script: str, row: Row, gpus: int, warmup: int, steps: int, folder: str, prepare_yaml,
+             export: str | None = None) -> dict:
     """An ours or hf row under ``composer -n GPUS``: rank 0's figures, or the exit status."""
     out = os.path.join(folder, 'result.json')
     command = [*LAUNCHER, '-n', str(gpus), script, '--worker',
                row.text(), '--worker-yaml', prepare_yaml(row, folder),
-               '--warmup', str(warmup), '--steps', str(steps), '--json', out]
+               '--warmup', str(warmup), '--steps', str(steps), '--json', out, *(['--export', export] if export else [])]
     print(f'--- {row.name}: {shlex.join(command[len(LAUNCHER):])}', flush=True)
     result = subprocess.run(command, env={**os.environ, 'PYTHONUNBUFFERED': '1'})
     if result.returncode != 0 or not os.path.isfile(out):
@@ -437,7 +475,7 @@ def run_rows(args) -> int:
 
 def work(args) -> int:
     """One row inside ``composer -n GPUS`` (``--worker``): rank 0 writes its figures to ``args.json``."""
-    result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps)
+    result = measure(Row.parse(args.worker), args.worker_yaml, args.warmup, args.steps, args.export)
     if dist.get_global_rank() == 0:
         with open(args.json, 'w') as file:
             json.dump(result, file)

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.measure import REPO
-from llmfoundry_ext.measure.benchmark import Row, run_row
+from llmfoundry_ext.measure.benchmark import Row, run_row, transformers_held_out_loss
 from llmfoundry_ext.measure.time_to_quality import Curve, Evaluation, compare, over_seeds
 from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
@@ -262,6 +262,7 @@ class Plan:
     gpus: int = 1
     shared_init: Row | None = None  # the row whose model draws each seed's weights for every row to start from
     stop_by: float | None = None  # seconds after ``started``: a row the longest so far would carry past is not begun
+    transformers_check: str | None = None  # an ours row whose first seed's export transformers scores again
     started: float = field(default_factory=time.monotonic)
 
     def runs(self) -> list[tuple[int, Row]]:
@@ -326,8 +327,31 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
         row = starting_from(row, weights)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data)
-    result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml)
+    export = export_folder(folder) if (row.name, seed) == (plan.transformers_check, plan.seeds[0]) else None
+    result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml, export)
     return {**result, 'seed': seed, 'steps': plan.hyper.steps, 'shared_init': plan.shared_init and str(plan.shared_init)}
+
+
+def export_folder(row_folder: str) -> str:
+    return os.path.join(row_folder, 'export')
+
+
+def transformers_check(results: list[dict], name: str, work: str) -> dict | None:
+    """transformers' model on row ``name``'s export (its first seed's trained weights) scores the held-out batches
+    our evaluator read at the end: both losses and their relative difference; None where the row did not run or
+    evaluate."""
+    result = next((result for result in results if result['name'] == name and result.get('held_out')), None)
+    if result is None:
+        return None
+    step, ours = result['held_out'][-1]
+    folder = export_folder(os.path.join(work, 'rows', f"{name}-seed{result['seed']}"))
+    theirs = transformers_held_out_loss(folder, 'cuda' if torch.cuda.is_available() else 'cpu')
+    return {'row': name, 'step': step, 'ours': ours, 'transformers': theirs, 'relative': (theirs - ours) / ours}
+
+
+def format_check(check: dict) -> str:
+    return (f"transformers' model (fp32) on {check['row']}'s export at step {check['step']}: held-out "
+            f"{check['transformers']:.4f}, our evaluator {check['ours']:.4f} ({check['relative']:+.3%})")
 
 
 def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | None,
@@ -356,10 +380,19 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
               flush=True)
         report = build_report(plan.hyper, plan.width, data, results, versus, quality)
         if json_path:
-            with open(json_path, 'w') as file:
-                json.dump(report, file, indent=1)
+            write_report(report, json_path)
+    check = plan.transformers_check and transformers_check(results, plan.transformers_check, work)
+    if check:
+        report['transformers_check'] = [check]
+        if json_path:
+            write_report(report, json_path)
     print_report(report)
     return report
+
+
+def write_report(report: dict, path: str) -> None:
+    with open(path, 'w') as file:
+        json.dump(report, file, indent=1)
 
 
 def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
@@ -381,8 +414,10 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
     rows = [{**row, 'steps': report['hyper']['steps'], 'name': scheduled(renamed(row['name'], path, renames),
                                                                           report['hyper']['steps'], first)}
             for path, report in zip(paths, reports) for row in report['rows']]
-    return build_report(Hyper(**{**first['hyper'], 'betas': tuple(first['hyper']['betas'])}), first['width'],
-                        first['data'], rows, versus, quality)
+    merged = build_report(Hyper(**{**first['hyper'], 'betas': tuple(first['hyper']['betas'])}), first['width'],
+                          first['data'], rows, versus, quality)
+    checks = [check for report in reports for check in report.get('transformers_check', [])]
+    return merged | ({'transformers_check': checks} if checks else {})
 
 
 def scheduled(name: str, steps: int, first: dict) -> str:
@@ -410,6 +445,8 @@ def print_report(report: dict) -> None:
               f"{compared['final_ours']:.4f} vs {compared['final_theirs']:.4f})")
     if 'time_to_quality' in report:
         print(format_quality(report['time_to_quality'], *report['quality'].split(':')))
+    for check in report.get('transformers_check', []):
+        print(format_check(check))
 
 
 FROM_STEP, TOLERANCE = 100, 0.01  # the verdict: every window from step 100 on within 1 % of theirs
@@ -454,8 +491,7 @@ def report_command(args) -> int:
     report = merge_reports(args.report, args.versus, args.rename, args.quality)
     print_report(report)
     if args.json:
-        with open(args.json, 'w') as file:
-            json.dump(report, file, indent=1)
+        write_report(report, args.json)
     return 0 if all(checked['holds'] for checked in report['verdicts']) else 1
 
 
@@ -464,7 +500,7 @@ def train_command(args) -> int:
     plan = Plan([Row.parse(text) for text in args.row], args.seeds, tuple(args.single_seed),
                 Hyper(steps=args.steps, lr=args.lr, warmup=args.warmup, eval_every=args.eval_every,
                       eval_batches=args.eval_batches), args.window, args.gpus,
-                args.shared_init and Row.parse(args.shared_init), args.stop_by)
+                args.shared_init and Row.parse(args.shared_init), args.stop_by, args.transformers_check)
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
         data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix,

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from llmfoundry_ext.measure import benchmark, learning
@@ -64,10 +65,17 @@ def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(
 
     cell = report('cell.json', 4, [row('bf16', [[2, 3.0], [4, 2.0]], 100.0),
                                    row('titan', [[2, 3.0], [4, 1.9]], 80.0)])
+    check = {'row': 'bf16', 'step': 4, 'ours': 2.0, 'transformers': 2.002, 'relative': 0.001}
+    with open(cell) as file:
+        saved = json.load(file)
+    with open(cell, 'w') as file:
+        json.dump(saved | {'transformers_check': [check]}, file)
     longer = report('longer.json', 5, [row('bf16', [[2, 3.0], [4, 2.1], [5, 1.9]], 100.0)])
     merged = learning.merge_reports([cell, longer], [], quality='bf16:titan')
     table = {entry['name']: entry for entry in merged['time_to_quality']}
-    assert list(table) == ['bf16', 'titan', 'bf16@5']
+    assert list(table) == ['bf16', 'titan', 'bf16@5'] and merged['transformers_check'] == [check]
+    assert learning.format_check(check) == (
+        "transformers' model (fp32) on bf16's export at step 4: held-out 2.0020, our evaluator 2.0000 (+0.100%)")
     longest = table['bf16@5']
     assert (longest['steps'], longest['holds'], longest['tokens_to_target']) == (5, None, 50.0)
     assert longest['sooner'] == pytest.approx((40 / 80) / (50 / 100), rel=1e-12)  # 1.0x: as soon
@@ -350,7 +358,8 @@ def test_every_row_is_evaluated_on_the_held_out_documents_and_timed_to_the_targe
     monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     plan = Plan([Row.parse(f'ours yamls/demo.yaml {SMALL}'), Row.parse('titan torchtitan:compile FLAVOR=1B LBS=2')],
-                seeds=[1], hyper=Hyper(steps=5, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2)
+                seeds=[1], hyper=Hyper(steps=5, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2,
+                transformers_check='ours')
     report = learning.run(plan, held_out_data, str(tmp_path / 'work'), [], None, quality='ours:titan')
     ours, titan = report['rows']
     # every 2 steps and at the schedule's end: a longer run's last evaluation is its last step's
@@ -364,7 +373,15 @@ def test_every_row_is_evaluated_on_the_held_out_documents_and_timed_to_the_targe
     assert quality['ours']['gaps'] == {2: 0.0, 4: 0.0, 5: 0.0} and quality['ours']['holds']
     assert quality['titan']['gaps'] == pytest.approx({2: 5.0 / ours['held_out'][0][1] - 1,
                                                       4: 4.0 / ours['held_out'][1][1] - 1})
-    assert "target: titan's final held-out loss 4.0000; gaps against ours at equal tokens" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "target: titan's final held-out loss 4.0000; gaps against ours at equal tokens" in out
+    # transformers' LlamaForCausalLM on the trained weights, the batches our last evaluation read (fp32 both)
+    check, = report['transformers_check']
+    assert (check['row'], check['step'], check['ours']) == ('ours', 5, ours['held_out'][-1][1])
+    assert check['transformers'] == pytest.approx(check['ours'], rel=1e-5) and abs(check['relative']) < 1e-5
+    saved = torch.load(tmp_path / 'work' / 'rows' / 'ours-seed1' / 'export' / 'held_out.pt')
+    assert saved['input_ids'].shape == saved['labels'].shape == (2, SEQ_LEN)  # eval_batches 1 of 2 samples
+    assert f"transformers' model (fp32) on ours's export at step 5: held-out {check['transformers']:.4f}" in out
 
 
 def test_the_held_out_batches_are_torchtitans_validation_samples(held_out_data, tmp_path, launched_alone):
