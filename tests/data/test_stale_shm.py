@@ -24,7 +24,8 @@ def test_removes_only_unmapped_segments_and_locks_older_than_this_process():
     young = touch(f'/dev/shm/{YOUNG}_locals', age=-5)
     with open(live, 'r+b') as file, mmap.mmap(file.fileno(), 64):  # a live job has it mapped
         removed = remove_stale_streaming_state(started_at=time.time() - 60)
-        assert STALE in removed and LIVE not in removed and YOUNG not in removed
+        assert LIVE not in removed and YOUNG not in removed
+    # gone: removed here, or by a run that another test started meanwhile (each run's rank 0 cleans up at its start)
     assert not any(os.path.exists(path) for path in stale)
     assert os.path.exists(live) and os.path.exists(young)
     for path in (live, young):
