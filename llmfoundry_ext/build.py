@@ -15,7 +15,7 @@ from llmfoundry_ext.data.dataloader import build_dataloader
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.model.composer_model import LanguageModel
 from llmfoundry_ext.parallelism import (ContextParallel, composer_parallelism, context_parallel, parallelize,
-                                       reduce_replicas_by_sum_on_gloo)
+                                       reduce_replicas_by_sum_on_gloo, shard_experts)
 from llmfoundry_ext.preflight import Run
 from llmfoundry_ext.trainer import Trainer
 from llmfoundry_ext.weights import load_into, read_weights_tensors
@@ -41,6 +41,8 @@ def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tu
     if config.model.init_from:
         tensors = read_weights_tensors(config.model.init_from, config.model.family_entry())
         load_into(model.model, tensors, skip=tuple(config.model.init_skip))
+    if config.parallelism.expert_parallel_degree > 1:  # the experts' whole weights, initialised or loaded, split
+        shard_experts(transformer, config)
     return model, callbacks
 
 

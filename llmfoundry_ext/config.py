@@ -146,6 +146,9 @@ class FSDPConfig:
 class ParallelismConfig:
     fsdp: Optional[FSDPConfig] = field(default_factory=FSDPConfig)  # null: plain DDP
     context_parallel_degree: PositiveInt = 1  # > 1: each sequence split over this many consecutive GPUs (long context)
+    expert_parallel_degree: PositiveInt = 1  # > 1 (mixtral): each block's experts split over groups of this many
+    #                                          consecutive ranks, tokens sent to their experts by all-to-all; FSDP2
+    #                                          shards each expert over the ranks that hold it
 
 
 @dataclass
@@ -476,6 +479,7 @@ def suggest(key: str, valid, noun: str = 'keys') -> str:
 def validate(config: TrainConfig) -> None:
     """Cross-field checks of the values themselves (the machine is ``preflight``'s)."""
     check_context_parallel(config)
+    check_expert_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
     check_objective(config)
@@ -575,6 +579,27 @@ def check_context_parallel(config: TrainConfig) -> None:
     if config.max_seq_len % (2 * degree):
         raise ConfigError(f'max_seq_len: {config.max_seq_len} is not divisible by 2 x {key} = {2 * degree} (each '
                           f'rank takes a head and a tail chunk of every sequence)')
+
+
+def check_expert_parallel(config: TrainConfig) -> None:
+    """The degree splits the world into groups of consecutive ranks and each block's experts evenly over a group;
+    it runs under FSDP2 alone (not yet beside HSDP or context parallelism)."""
+    degree = config.parallelism.expert_parallel_degree
+    key = 'parallelism.expert_parallel_degree'
+    if degree == 1:
+        return
+    experts = getattr(config.model, 'n_experts', None)
+    if experts is None:
+        raise ConfigError(f'{key}: {degree} splits experts, and model.family {config.model.family} has none; set '
+                          f'{key}=1')
+    if experts % degree:
+        raise ConfigError(f'{key}: {degree} does not divide model.n_experts {experts}; use a divisor of it')
+    if world_size() % degree:
+        raise ConfigError(f'{key}: {degree} does not divide the world size {world_size()}; use a divisor of it')
+    fsdp = config.parallelism.fsdp
+    if fsdp is None or fsdp.replicate_degree != 1 or config.parallelism.context_parallel_degree != 1:
+        raise ConfigError(f'{key}: expert parallelism runs under FSDP2 over all ranks (parallelism.fsdp set, '
+                          f'replicate_degree 1, context_parallel_degree 1); set those, or {key}=1')
 
 
 def check_console(config: TrainConfig) -> None:

@@ -10,6 +10,12 @@ recomputation got the uncast fp32 RoPE tables and stopped with a CheckpointError
 Context parallelism (``ContextParallel``) splits each sequence over groups of consecutive ranks, innermost: FSDP2
 shards over all ranks of a shard group as ever (shard x context flattened), each group reads the same samples, and
 its ranks hold their load-balanced parts of every sequence.
+
+Expert parallelism (``shard_experts``) splits each block's experts over groups of consecutive ranks, innermost, as
+torchtitan does: a (expert_shard, expert) mesh, the experts' weights DTensors split over ``expert``, and FSDP2 over
+``expert_shard`` (the ranks that hold the same experts) as a unit of their own inside the block's; the rest of the
+model is FSDP2's over all ranks as ever. Checkpoints hold the experts' whole tensors (DCP), so a run resumes at
+another degree.
 """
 from collections import defaultdict
 from dataclasses import dataclass
@@ -62,6 +68,32 @@ def parallelize(transformer: Transformer, config: TrainConfig, context_parallel:
     if config.model.compile:
         compile_blocks(transformer, context_parallel)
     return callbacks
+
+
+def shard_experts(transformer: Transformer, config: TrainConfig) -> None:
+    """``parallelism.expert_parallel_degree`` > 1: each block's experts split over groups of that many consecutive
+    ranks (their current weights, the same on every rank, distributed), then FSDP2 over the ranks holding the same
+    experts. Each expert's gradient sums the copies of every rank's tokens routed to it, so FSDP2 divides it by the
+    world size, as the dense weights' by theirs (the mean over the data-parallel ranks)."""
+    from composer.core import Precision
+    from composer.distributed.fsdp2 import create_mixed_precision_policy
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    degree, fsdp, world = config.parallelism.expert_parallel_degree, config.parallelism.fsdp, dist.get_world_size()
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    mesh = init_device_mesh(device, (world // degree, degree), mesh_dim_names=('expert_shard', 'expert'))
+    policy = create_mixed_precision_policy(Precision(config.precision), fsdp.mixed_precision)
+    for block in transformer.layers:
+        experts = block.mlp.experts
+        for name in ('w1', 'w2', 'w3'):
+            weight = getattr(experts, name)
+            setattr(experts, name, torch.nn.Parameter(distribute_tensor(weight.detach(), mesh['expert'], [Shard(0)])))
+        experts.expert_group = mesh['expert'].get_group()
+        fully_shard(experts, mesh=mesh['expert_shard'], mp_policy=policy,
+                    reshard_after_forward=fsdp.reshard_after_forward is not False)
+        experts.set_gradient_divide_factor(float(world))
 
 
 def compile_blocks(transformer: Transformer, context_parallel: 'ContextParallel | None') -> None:

@@ -249,9 +249,11 @@ def checkpoint_line(config: TrainConfig) -> str:
 
 
 def context_parallel_layout(config: TrainConfig) -> str:
-    """', each sequence split over 2 GPUs (context parallel)', or nothing."""
-    degree = config.parallelism.context_parallel_degree
-    return f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else ''
+    """', each sequence split over 2 GPUs (context parallel)', ', experts over 2 ranks (expert parallel)', or
+    nothing."""
+    degree, experts = config.parallelism.context_parallel_degree, config.parallelism.expert_parallel_degree
+    return ((f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else '') +
+            (f', experts over {experts} ranks (expert parallel)' if experts > 1 else ''))
 
 
 def end_summary(run: Run, trainer) -> str:

@@ -88,14 +88,15 @@ def shared_memory_prefixes_without_races():
     dataset.get_shm_prefix = original
 
 
-def train_runs(processes: int, runs: list[str], env: dict | None = None) -> list[str]:
+def train_runs(processes: int, runs: list[str], env: dict | None = None, worker: list[str] | None = None) -> list[str]:
     """Each run (a YAML and its overrides, shell words) trained in turn in one launch of ``processes`` forked ranks
-    (tests/training_runs_worker.py, FORKED); each run's output. ``env``: the launch's environment (default: this
-    one's)."""
+    (tests/training_runs_worker.py, or ``worker``: a script and its first arguments, FORKED); each run's output.
+    ``env``: the launch's environment (default: this one's)."""
     import subprocess
 
     from tests.training_runs_worker import RUN_MARK
-    launch = subprocess.run([*FORKED, '-n', str(processes), 'tests/training_runs_worker.py', *runs], cwd=REPO,
+    worker = worker or ['tests/training_runs_worker.py']
+    launch = subprocess.run([*FORKED, '-n', str(processes), *worker, *runs], cwd=REPO,
                             env={**(env or os.environ), 'OMP_NUM_THREADS': '1'}, capture_output=True, text=True,
                             timeout=900)
     assert launch.returncode == 0, launch.stderr[-3000:]

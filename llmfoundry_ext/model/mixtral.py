@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.tensor import DTensor
 
 from llmfoundry_ext.bounds import NonNegativeFloat, PositiveInt
 from llmfoundry_ext.model import fused
@@ -42,7 +44,12 @@ PRESETS = {
 
 class GroupedExperts(nn.Module):
     """E SwiGLU experts, their weights stacked; each runs only on the tokens routed to it, all experts in one
-    grouped GEMM per projection over the tokens sorted by expert (no loop over experts, no padding)."""
+    grouped GEMM per projection over the tokens sorted by expert (no loop over experts, no padding).
+
+    Under expert parallelism (``parallelism.shard_experts``) this rank holds E / ``expert_group``'s size of them
+    (its weights a DTensor's shard); each token copy goes to the rank that holds its expert and comes back (an
+    all-to-all each way, torch's autograd one)."""
+    expert_group = None  # the process group the experts are split over (expert parallelism), else None
 
     def __init__(self, config: MixtralConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
@@ -60,19 +67,44 @@ class GroupedExperts(nn.Module):
         top_k = experts.shape[1]
         order = experts.flatten().argsort(stable=True)           # the T*k routed copies, grouped by expert
         token_of = order // top_k
-        offsets = counts.cumsum(0).to(torch.int32)                # each expert's group ends here
-        dtype = gemm_dtype(tokens)
-        routed = tokens[token_of].to(dtype)
-        gate = F.grouped_mm(routed, self.w1.to(dtype).transpose(-2, -1), offs=offsets)
-        up = F.grouped_mm(routed, self.w3.to(dtype).transpose(-2, -1), offs=offsets)
-        hidden = fused.swiglu(gate, up) if self.fused_swiglu else F.silu(gate) * up
-        out = F.grouped_mm(hidden, self.w2.to(dtype).transpose(-2, -1), offs=offsets)
+        routed = tokens[token_of].to(gemm_dtype(tokens))
+        if self.expert_group is None:
+            out = self.run_local(routed, counts.cumsum(0).to(torch.int32))  # each expert's group ends there
+        else:
+            out = self.run_dispatched(routed, counts)
         out = out * weights.flatten()[order].unsqueeze(-1)
         return torch.zeros_like(tokens).index_add_(0, token_of, out)
+
+    def run_local(self, routed: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on ``routed`` [N, dim], grouped by expert (``offsets``: each group's end)."""
+        w1, w2, w3 = (local_shard(weight).to(routed.dtype).transpose(-2, -1) for weight in (self.w1, self.w2, self.w3))
+        gate = F.grouped_mm(routed, w1, offs=offsets)
+        up = F.grouped_mm(routed, w3, offs=offsets)
+        hidden = fused.swiglu(gate, up) if self.fused_swiglu else F.silu(gate) * up
+        return F.grouped_mm(hidden, w2, offs=offsets)
+
+    def run_dispatched(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Every expert on ``routed`` [N, dim] (grouped by expert, ``counts`` [E] a group) over the expert group:
+        the copies go to their experts' ranks and their outputs come back in the same order."""
+        group, ranks = self.expert_group, self.expert_group.size()
+        sent = counts.to(torch.int64).view(ranks, -1)             # [rank, its expert]: my copies for each
+        received = torch.empty_like(sent)                          # [source rank, my expert]: theirs for mine
+        torch.distributed.all_to_all_single(received, sent, group=group)
+        send_sizes, receive_sizes = sent.sum(1).tolist(), received.sum(1).tolist()
+        arrived = all_to_all_single_autograd(routed, receive_sizes, send_sizes, group)  # by source, then expert
+        local_expert = torch.arange(sent.shape[1], device=routed.device).repeat(ranks)
+        by_expert = local_expert.repeat_interleave(received.flatten()).argsort(stable=True)
+        out = self.run_local(arrived[by_expert], received.sum(0).cumsum(0).to(torch.int32))
+        return all_to_all_single_autograd(out[by_expert.argsort()], send_sizes, receive_sizes, group)
 
     def init_weights(self):
         for name, std in self.init_stds.items():
             nn.init.trunc_normal_(getattr(self, name), std=std)
+
+
+def local_shard(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of a weight split over the expert group (a DTensor), or the weight itself."""
+    return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
 def gemm_dtype(tensor: torch.Tensor) -> torch.dtype:

@@ -21,6 +21,8 @@ feed-forward width a token runs through, V the vocabulary):
   freed before the backward recomputes its first checkpointed block (the block's activations without checkpointing),
   so the larger of the two counts.
 - at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
+- a mixture of experts under expert parallelism (degree X): a block's experts are a unit of their own, and a rank
+  gathers the X-th of them its group holds (tested on the arithmetic; no GPU measurement yet).
 
 The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
 peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
@@ -58,6 +60,7 @@ class Layout:
     float8_output: bool = False  # the output layer's GEMMs in float8 (ModelConfig.output_layer_in_float8); with the
     #                              compiled loss alone
     checkpoint_every: int = 1
+    expert_parallel: int = 1     # each block's experts split over this many ranks: FSDP2 gathers that share of them
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,11 @@ class MemoryEstimate:
     parts: dict       # name -> bytes at the peak
     peak: int         # bytes: torch.cuda.max_memory_allocated predicted
     phase: str        # 'forward' (its end) or 'backward' (its end)
+
+
+def expert_params(arch) -> int:
+    """A block's experts' weights (a mixture of experts' three matrices each), or 0."""
+    return getattr(arch, 'n_experts', 0) * 3 * arch.dim * arch.ffn_dim
 
 
 def active_ffn_width(arch) -> int:
@@ -102,6 +110,12 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     """The predicted peak and its parts (module docstring)."""
     params, per_block, layers = arch.num_params(), arch.block_params(), arch.n_layers
     output_params = arch.vocab_size * arch.dim
+    experts = expert_params(arch)
+    if layout.expert_parallel > 1:  # the experts a unit of their own, a rank gathering its group's share
+        units = (per_block - experts, experts // layout.expert_parallel)
+        per_block = sum(units)
+    else:
+        units = (per_block,)
     tokens = setting.micro_batch * layout.seq_len
     shards = layout.shard_ranks
     weight_bytes = 1 if setting.float8 else 2
@@ -123,7 +137,7 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss, layout.float8_output),
                                                    tokens * plain if checkpointed else 0),
     }
-    largest_unit = max(per_block, output_params)
+    largest_unit = max(*units, output_params)
     backward = {'parameters and optimizer state': states, 'gradients': gradients,
                 'largest unit gathered, its gradient unsharded': (6 if layout.sharded else 0) * largest_unit}
     forward_peak, backward_peak = sum(forward.values()), sum(backward.values())

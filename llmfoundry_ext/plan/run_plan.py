@@ -196,7 +196,8 @@ def layout(config: TrainConfig, machine: Machine, replicas: int, setting: Settin
     return Layout(seq_len=config.max_seq_len // config.parallelism.context_parallel_degree, shard_ranks=ranks,
                   sharded=shards_the_model(config, machine), accumulating=micro_batches > 1, loss=loss,
                   float8_output=model.output_layer_in_float8(setting.float8),
-                  checkpoint_every=fsdp.checkpoint_every if fsdp is not None else 1)
+                  checkpoint_every=fsdp.checkpoint_every if fsdp is not None else 1,
+                  expert_parallel=config.parallelism.expert_parallel_degree)
 
 
 def weigh(config: TrainConfig, machine: Machine, choices: list[Setting], replicas: int) -> list[Candidate]:

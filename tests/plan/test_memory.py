@@ -85,3 +85,25 @@ def test_the_prediction_is_within_6_percent_of_the_1b_on_one_h200(row):
     predicted = estimate(PRESETS['1b'], setting, layout).peak / GIB
     measured = row['peak_allocated_gib']
     assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured:.2f} measured'
+
+
+def test_experts_split_over_a_group_are_gathered_a_share_at_a_time():
+    """Mixtral-8x7B's block: 8 experts of 3 x 4,096 x 14,336 (1,409,286,144 weights) beside 41,984,000 for
+    attention, norms and router. Split over 4 ranks, a rank gathers 2 experts (352,321,536), its own unit."""
+    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
+
+    arch = MIXTRAL['mixtral-8x7b']
+    setting = Setting(micro_batch=1)
+    whole, split = (estimate(arch, setting, Layout(seq_len=4096, shard_ranks=8, sharded=True, expert_parallel=degree))
+                    for degree in (1, 4))
+    experts, block = 8 * 3 * 4096 * 14336, arch.block_params()
+    assert (experts, block - experts) == (1_409_286_144, 41_984_000)
+    gathered = 2 * 2 * (41_984_000 + 352_321_536)  # bf16, the block running and the one prefetched
+    assert split.parts['weights for compute'] == gathered + 2 * 32000 * 4096
+    assert whole.parts['weights for compute'] - split.parts['weights for compute'] == 2 * 2 * experts * 3 // 4
+    unit = 'largest unit gathered, its gradient unsharded'  # the backward's end: the peak under full checkpointing
+    ends = [estimate(arch, Setting(micro_batch=1, checkpointing='full'),
+                     Layout(seq_len=4096, shard_ranks=8, sharded=True, expert_parallel=degree)) for degree in (1, 4)]
+    assert [end.phase for end in ends] == ['backward'] * 2
+    assert [end.parts[unit] for end in ends] == [6 * block, 6 * 352_321_536]
+    assert whole.parts['parameters and optimizer state'] == split.parts['parameters and optimizer state']
