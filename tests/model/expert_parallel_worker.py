@@ -1,5 +1,6 @@
-"""Run by tests/model/test_mixtral.py on 2 forked ranks (gloo): the MoE layer with its 8 experts split over the 2
-ranks beside the whole layer on each rank's own tokens; rank 0 writes the largest differences to argv[1] (JSON)."""
+"""Run by tests/model/test_mixtral.py on 2 forked ranks (gloo): ``OUT EXPERTS TOP_K``, the MoE layer with its
+experts split over the 2 ranks beside the whole layer on each rank's own tokens; rank 0 writes the largest
+differences to OUT (JSON)."""
 import json
 import sys
 
@@ -14,7 +15,8 @@ from llmfoundry_ext.model.mixtral import MixtralConfig, MoE
 dist.init_process_group('gloo')
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)  # the same layer on every rank
-config = MixtralConfig(dim=32, ffn_dim=48, n_layers=2, n_experts=8, experts_per_token=2)
+path, n_experts, top_k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+config = MixtralConfig(dim=32, ffn_dim=48, n_layers=2, n_experts=n_experts, experts_per_token=top_k)
 whole = MoE(config, KernelConfig(), layer_id=0)
 whole.experts.init_weights()
 torch.nn.init.normal_(whole.gate.weight, std=0.5)
@@ -36,7 +38,8 @@ for layer in (whole, split):
 whole_expert_grads = [grad.clone() for grad in grads[0][2:]]
 for grad in whole_expert_grads:
     dist.all_reduce(grad)  # every rank's tokens reach every expert: the sum over the ranks
-mine = slice(rank * 4, rank * 4 + 4)
+local = n_experts // world
+mine = slice(rank * local, (rank + 1) * local)
 differences = {
     'output': (outputs[0] - outputs[1]).abs().max().item(),
     'input_grad': (grads[0][0] - grads[1][0]).abs().max().item(),
@@ -50,6 +53,6 @@ differences = {
 gathered = [None] * world
 dist.all_gather_object(gathered, differences)
 if rank == 0:
-    with open(sys.argv[1], 'w') as file:
+    with open(path, 'w') as file:
         json.dump(gathered, file)
 dist.destroy_process_group()

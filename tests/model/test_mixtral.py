@@ -107,10 +107,12 @@ def test_the_moe_layer_equals_a_loop_over_its_experts_with_gradients(n_experts, 
 
 
 @pytest.mark.slow
-def test_experts_split_over_two_ranks_give_the_whole_layers_outputs_and_gradients(tmp_path):
-    """2 forked ranks (gloo), 8 experts top-2, 4 on each rank; 40 and 57 tokens (uneven all-to-all splits). Each
-    rank's outputs and input and router gradients are the whole layer's on its tokens, and each rank's experts'
-    gradients the whole layer's summed over both ranks' tokens: fp32, to rounding."""
+@pytest.mark.parametrize('n_experts,top_k', [(8, 2), (64, 8)])
+def test_experts_split_over_two_ranks_give_the_whole_layers_outputs_and_gradients(tmp_path, n_experts, top_k):
+    """2 forked ranks (gloo), half the experts on each; 40 and 57 tokens (uneven all-to-all splits; at 64 experts
+    top-8 about 5 copies an expert). Each rank's outputs and input and router gradients are the whole layer's on its
+    tokens, and each rank's experts' gradients the whole layer's summed over both ranks' tokens: fp32, to
+    rounding."""
     import json
     import os
     import subprocess
@@ -118,11 +120,11 @@ def test_experts_split_over_two_ranks_give_the_whole_layers_outputs_and_gradient
     from tests.conftest import FORKED, REPO
 
     out = tmp_path / 'differences.json'
-    subprocess.run([*FORKED, '-n', '2', os.path.join('tests', 'model', 'expert_parallel_worker.py'), str(out)],
-                   cwd=REPO, check=True, timeout=300)
+    subprocess.run([*FORKED, '-n', '2', os.path.join('tests', 'model', 'expert_parallel_worker.py'), str(out),
+                    str(n_experts), str(top_k)], cwd=REPO, check=True, timeout=300)
     for rank in json.loads(out.read_text()):
         differences = [rank['output'], rank['input_grad'], rank['router_grad'], rank['expert_grads']]
-        assert rank['local_experts'] == 4
+        assert rank['local_experts'] == n_experts // 2
         assert all(difference <= 1e-5 * scale for difference, scale in zip(differences, rank['scales']))
         assert min(rank['scales']) > 0
 
