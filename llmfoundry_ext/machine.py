@@ -87,9 +87,9 @@ class Machine:
         world = int(os.environ.get('WORLD_SIZE', '1'))
         job = (f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
                if 'MASTER_PORT' in os.environ and 'WORLD_SIZE' in os.environ else None)
+        node_rank = os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))  # torchrun: GROUP_RANK
         return cls(world_size=world, local_world_size=int(os.environ.get('LOCAL_WORLD_SIZE', str(world))),
-                   rank=int(os.environ.get('RANK', '0')), node_rank=int(os.environ.get('NODE_RANK', '0')), gpu=gpu,
-                   job=job)
+                   rank=int(os.environ.get('RANK', '0')), node_rank=int(node_rank), gpu=gpu, job=job)
 
     @classmethod
     def described(cls, gpus: int, gpu: GPU, gpus_per_node: int = 8) -> 'Machine':
@@ -112,6 +112,14 @@ def launched_as(machine: Machine):
                 os.environ.pop(name)
             else:
                 os.environ[name] = value
+
+
+def name_the_node_rank() -> None:
+    """Composer reads a rank's node from NODE_RANK, which its launcher sets; torchrun sets GROUP_RANK (its agent's
+    rank, one agent a node) instead, and a job of several nodes stopped at its first collective call that asked. Set
+    from it where missing."""
+    if 'NODE_RANK' not in os.environ and 'GROUP_RANK' in os.environ:
+        os.environ['NODE_RANK'] = os.environ['GROUP_RANK']
 
 
 def world_size() -> int:

@@ -15,7 +15,7 @@ from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
-from llmfoundry_ext.machine import GIB, global_rank
+from llmfoundry_ext.machine import GIB, global_rank, name_the_node_rank
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
 from llmfoundry_ext.preflight import Run, prepare
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
         return 2
     end_with_the_launcher()
     exit_2_on_sigterm()
+    name_the_node_rank()
     try:
         run = prepare(argv[0], argv[1:])
     except ConfigError as error:

@@ -31,7 +31,8 @@ def train_mixtral(config: dict, processes: int, runs: list[tuple], norms=None) -
                                      for folder, degree, *overrides in runs],
                          worker=['tests/gradient_norms_worker.py', str(norms)] if norms else None)
     for output, (_, degree, *_) in zip(outputs, runs):
-        assert f'FSDP2 over {processes} ranks' + (f', experts over {degree} ranks (expert parallel)' if degree > 1 else '') in output
+        split = f', experts over {degree} ranks (expert parallel)' if degree > 1 else ''
+        assert f'FSDP2 over {processes} ranks{split}' in output
     return [{rank: read_ledger(str(folder / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(processes)}
             for folder, *_ in runs]
 

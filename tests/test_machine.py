@@ -6,7 +6,7 @@ import re
 import pytest
 
 from llmfoundry_ext.machine import GIB, Machine, gpu_named
-from tests.conftest import REPO
+from tests.conftest import REPO, write_yaml
 
 READS = re.compile(r"""(environ|getenv)\W{1,8}(get\(\s*)?['"](WORLD_SIZE|LOCAL_WORLD_SIZE|NODE_RANK|RANK)['"]""")
 
@@ -33,3 +33,38 @@ def test_gpus_by_name_or_memory():
     with pytest.raises(ValueError, match=r"^unknown GPU 'a100': give one of h100, h200, mi250x, mi300x or a memory "
                                          r"size in GiB$"):
         gpu_named('a100')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_train_runs_on_two_nodes_of_torchruns_agent(tiny_config, tmp_path):
+    """Two torchrun agents on this machine, a node each (static rendezvous, one process each): torchrun names a
+    node by GROUP_RANK, Composer asks NODE_RANK (``name_the_node_rank``); before it, both stopped at the node watch's
+    start (MissingEnvironmentError)."""
+    import subprocess
+    import sys
+
+    from composer.utils import get_free_tcp_port
+
+    tiny_config.update(max_duration='4ba')
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--nnodes=2', '--nproc-per-node=1',
+                '--master-addr=127.0.0.1', f'--master-port={get_free_tcp_port()}']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    nodes = [subprocess.Popen([*torchrun, f'--node-rank={node}', 'train.py', node_yaml(tiny_config, tmp_path, node)],
+                              cwd=REPO, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for node in (0, 1)]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    assert 'world size 2' in outputs[0] and 'run tiny stopped at batch 4 of 4ba' in outputs[0]
+
+
+def node_yaml(config: dict, folder, node: int) -> str:
+    """``config`` reading a copy of its streams of the node's own, as each node of a cluster its local disk: two
+    nodes on one machine would decompress the same shards into one folder at once."""
+    import copy
+    import shutil
+
+    config = copy.deepcopy(config)
+    for name, stream in config['data']['train']['streams'].items():
+        stream['local'] = str(shutil.copytree(stream['local'], folder / f'node{node}' / name))
+    return write_yaml(config, folder / f'node{node}.yaml')

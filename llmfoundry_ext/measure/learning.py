@@ -329,7 +329,8 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
         row = torchtitan_row(row, plan.hyper, seed, data)
     export = export_folder(folder) if (row.name, seed) == (plan.transformers_check, plan.seeds[0]) else None
     result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml, export)
-    return {**result, 'seed': seed, 'steps': plan.hyper.steps, 'shared_init': plan.shared_init and str(plan.shared_init)}
+    return {**result, 'seed': seed, 'steps': plan.hyper.steps,
+            'shared_init': plan.shared_init and str(plan.shared_init)}
 
 
 def export_folder(row_folder: str) -> str:
