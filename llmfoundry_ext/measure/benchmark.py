@@ -264,10 +264,9 @@ def transformers_held_out_loss(folder: str, device: str) -> float:
     total, tokens = 0.0, 0
     with torch.no_grad():
         for input_ids, labels in zip(saved['input_ids'].split(1), saved['labels'].split(1)):
-            logits = model(input_ids=input_ids.to(device)).logits
-            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.to(device).flatten(),
-                                                       ignore_index=-100, reduction='sum').item()
-            tokens += int((labels != -100).sum())
+            counted = int((labels != -100).sum())
+            loss = token_mean_cross_entropy(model(input_ids=input_ids.to(device)).logits, labels.to(device))
+            total, tokens = total + loss.item() * counted, tokens + counted
     return total / tokens
 
 

@@ -327,27 +327,24 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
         row = starting_from(row, weights)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data)
-    export = export_folder(folder) if (row.name, seed) == (plan.transformers_check, plan.seeds[0]) else None
+    checked = (row.name, seed) == (plan.transformers_check, plan.seeds[0])
+    export = os.path.join(folder, 'export') if checked else None
     result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml, export)
-    return {**result, 'seed': seed, 'steps': plan.hyper.steps,
+    return {**result, 'seed': seed, 'steps': plan.hyper.steps, **({'export': export} if checked else {}),
             'shared_init': plan.shared_init and str(plan.shared_init)}
 
 
-def export_folder(row_folder: str) -> str:
-    return os.path.join(row_folder, 'export')
-
-
-def transformers_check(results: list[dict], name: str, work: str) -> dict | None:
-    """transformers' model on row ``name``'s export (its first seed's trained weights) scores the held-out batches
-    our evaluator read at the end: both losses and their relative difference; None where the row did not run or
-    evaluate."""
-    result = next((result for result in results if result['name'] == name and result.get('held_out')), None)
+def transformers_check(results: list[dict]) -> dict | None:
+    """transformers' model on the checked row's export (its first seed's trained weights) scores the held-out
+    batches our evaluator read at the end: both losses and their relative difference; None where that row did not
+    run or evaluate."""
+    result = next((result for result in results if result.get('export') and result.get('held_out')), None)
     if result is None:
         return None
     step, ours = result['held_out'][-1]
-    folder = export_folder(os.path.join(work, 'rows', f"{name}-seed{result['seed']}"))
-    theirs = transformers_held_out_loss(folder, 'cuda' if torch.cuda.is_available() else 'cpu')
-    return {'row': name, 'step': step, 'ours': ours, 'transformers': theirs, 'relative': (theirs - ours) / ours}
+    theirs = transformers_held_out_loss(result['export'], 'cuda' if torch.cuda.is_available() else 'cpu')
+    return {'row': result['name'], 'step': step, 'ours': ours, 'transformers': theirs,
+            'relative': (theirs - ours) / ours}
 
 
 def format_check(check: dict) -> str:
@@ -382,7 +379,7 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
         report = build_report(plan.hyper, plan.width, data, results, versus, quality)
         if json_path:
             write_report(report, json_path)
-    check = plan.transformers_check and transformers_check(results, plan.transformers_check, work)
+    check = transformers_check(results)
     if check:
         report['transformers_check'] = [check]
         if json_path:
