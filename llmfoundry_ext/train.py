@@ -178,7 +178,8 @@ def start_summary(run: Run, trainer) -> str:
         f'{model.dim} dim, {model.n_layers} layers, vocab {model.vocab_size:,})',
         f'  world size {run.plan.machine.world_size}, precision {config.precision}, attention {run.kernels.attn_impl}'
         f"{' (document masking)' if config.data.document_masking else ''}, "
-        f'{parallel_layout(trainer)}{context_parallel_layout(config)}, {describe_checkpointing(config)}, '
+        f'{parallel_layout(trainer)}{context_parallel_layout(config)}{expert_parallel_layout(config)}, '
+        f'{describe_checkpointing(config)}, '
         f'compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{float8_text(model)}",
         *run.plan.summary(),
@@ -250,11 +251,15 @@ def checkpoint_line(config: TrainConfig) -> str:
 
 
 def context_parallel_layout(config: TrainConfig) -> str:
-    """', each sequence split over 2 GPUs (context parallel)', ', experts over 2 ranks (expert parallel)', or
-    nothing."""
-    degree, experts = config.parallelism.context_parallel_degree, config.parallelism.expert_parallel_degree
-    return ((f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else '') +
-            (f', experts over {experts} ranks (expert parallel)' if experts > 1 else ''))
+    """', each sequence split over 2 GPUs (context parallel)', or nothing."""
+    degree = config.parallelism.context_parallel_degree
+    return f', each sequence split over {degree} GPUs (context parallel)' if degree > 1 else ''
+
+
+def expert_parallel_layout(config: TrainConfig) -> str:
+    """', experts over 2 ranks (expert parallel)', or nothing."""
+    degree = config.parallelism.expert_parallel_degree
+    return f', experts over {degree} ranks (expert parallel)' if degree > 1 else ''
 
 
 def end_summary(run: Run, trainer) -> str:

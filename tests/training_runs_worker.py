@@ -12,11 +12,15 @@ from llmfoundry_ext.train import train
 RUN_MARK = '=== run '
 
 
-def train_each(runs: list[str]) -> None:
+def train_each(runs: list[str], callbacks=list) -> list[list]:
+    """Each run in turn, with the extra callbacks ``callbacks()`` makes for it; those callbacks, a list a run."""
+    made = []
     for index, run in enumerate(runs):
         print(f'{RUN_MARK}{index}', flush=True)
         yaml, *overrides = shlex.split(run)
-        train(prepare(yaml, overrides)).close()
+        made.append(callbacks())
+        train(prepare(yaml, overrides), extra_callbacks=made[-1]).close()
+    return made
 
 
 if __name__ == '__main__':
