@@ -39,10 +39,10 @@
 #   bash benchmarks/gpu.sh float8-1b            2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
 #                                               GPU (auto: float8), twice, with the garbage_collection callback,
 #                                               and at local batch 2 and 8; torchtitan compile (LBS 4)
-#   bash benchmarks/gpu.sh float8-output        2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
-#                                               GPU (float8, the output layer's GEMMs included) beside the output layer
-#                                               in bf16, twice; torchtitan compile and fp8 (LBS 4); the float8 output
-#                                               layer's GPU test
+#   bash benchmarks/gpu.sh float8-output        2 GPUs, a lane each at once: llama1b.yaml at its 4 samples a GPU in
+#                                               float8 with the output layer's GEMMs (model.float8_output=true) beside
+#                                               it as shipped (the output layer in bf16), twice; torchtitan compile and
+#                                               fp8 (LBS 4); the float8 output layer's GPU test
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all);
 #                                               REPEATS=3 runs the modes three times over (ours' launches part by up
@@ -73,8 +73,9 @@
 #                                               cell's calls merge with measure_learning.py --report FILES
 #                                               --quality ours-bf16:torchtitan; GRID_STEPS=N: the rows' schedule N
 #                                               steps (the table's "steps at 1.15x": the default's time-to-target run);
-#                                               grid-shipped grid-shipped-bf16: llama1b.yaml's tied model as shipped
-#                                               (float8 auto, and bf16) from its own weights, in a call of their own;
+#                                               grid-shipped grid-shipped-blocks grid-shipped-bf16: llama1b.yaml's
+#                                               tied model (float8 with the output layer, float8 blocks only: the
+#                                               default, bf16) from its own weights, in calls of their own;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
 #                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
@@ -296,7 +297,7 @@ S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_
 L="$S device_microbatch_size=2 $AC=none model.float8=false"
 G="yamls/llama1b.yaml global_batch_size=4 model.tie_embeddings=false model.rope_scaling_factor=8"
 declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
-                  [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true"
+                  [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true model.float8_output=true"
                   [float8-blocks]="ours-float8-blocks $L model.float8=true model.float8_output=false"
                   [float8-rowwise]="ours-float8-rowwise $L model.float8=true model.float8_recipe=rowwise"
                   [liger]="ours-liger $L model.fused_kernels=[cross_entropy]" [eager]="ours-eager $L model.compile=false"
@@ -306,13 +307,15 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   # the time-to-quality grid (grid): 4 x 8,192 tokens a step, the YAML's auto settings but float8
                   [grid-bf16]="ours-bf16 $G model.float8=false"
                   [grid-float8-blocks]="ours-float8-blocks $G model.float8=true model.float8_output=false"
-                  [grid-float8]="ours-float8 $G model.float8=true"
+                  [grid-float8]="ours-float8 $G model.float8=true model.float8_output=true"
                   [grid-float8-rowwise]="ours-float8-rowwise $G model.float8=true model.float8_recipe=rowwise"
                   [grid-titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=4"
                   [grid-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=4"
                   # the 1B's model as shipped (tied embeddings, RoPE factor 32: not torchtitan's flavor), from its
-                  # own weights: float8 auto (the default) beside bf16
-                  [grid-shipped]="ours-shipped yamls/llama1b.yaml global_batch_size=4"
+                  # own weights: float8 with the output layer (ours-shipped: the default until 2026-11-29's grid),
+                  # float8 blocks only (today's default), bf16
+                  [grid-shipped]="ours-shipped yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_output=true"
+                  [grid-shipped-blocks]="ours-shipped-float8-blocks yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_output=false"
                   [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false"
                   # 2 GPUs: llama8b.yaml as shipped (float8 auto, 2 samples a GPU) beside torchtitan's fp8 (its
                   # llama3 config: the output layer in bf16), from the 8B's weights
@@ -504,15 +507,15 @@ case "${1:-}" in
       --row "shipped-b8 $Y global_batch_size=8" &
     wait
     tail -n 25 "$OUT"/float8-1b-gpu*.log ;;
-  float8-output)  # two lanes, one a GPU, at once: llama1b.yaml as shipped (auto: float8, the output layer's GEMMs
-    # included) at its 4 samples a GPU beside the same with the output layer in bf16 (model.float8_output=false), twice;
+  float8-output)  # two lanes, one a GPU, at once: llama1b.yaml (auto: float8) at its 4 samples a GPU with the
+    # output layer's GEMMs in float8 (model.float8_output=true) beside the output layer in bf16 (as shipped), twice;
     # torchtitan compile and fp8 at LBS 4; then the float8 output layer's GPU test
-    Y="yamls/llama1b.yaml global_batch_size=4" B=model.float8_output=false
+    Y="yamls/llama1b.yaml global_batch_size=4" O=model.float8_output=true
     lane() { gpu_lane float8-output "$@"; }
-    lane 0 --row "shipped-1 $Y" --row "blocks-1 $Y $B" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
-      --versus shipped-1:blocks-1 --versus shipped-1:titan-b4 &
-    lane 1 --row "shipped-2 $Y" --row "blocks-2 $Y $B" --row "titan-fp8-b4 torchtitan:fp8 FLAVOR=1B LBS=4" \
-      --versus shipped-2:blocks-2 --versus shipped-2:titan-fp8-b4 &
+    lane 0 --row "output-1 $Y $O" --row "blocks-1 $Y" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
+      --versus output-1:blocks-1 --versus output-1:titan-b4 &
+    lane 1 --row "output-2 $Y $O" --row "blocks-2 $Y" --row "titan-fp8-b4 torchtitan:fp8 FLAVOR=1B LBS=4" \
+      --versus output-2:blocks-2 --versus output-2:titan-fp8-b4 &
     wait
     tail -n 20 "$OUT"/float8-output-gpu*.log
     make test-gpu TEST_PYTHON=python3 TESTS="tests/test_parallelism_gpu.py::test_the_float8_output_layer_gives_the_bf16_loss_and_gradients_without_more_memory" 2>&1 | tail -8 ;;

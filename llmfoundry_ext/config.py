@@ -52,8 +52,9 @@ class ModelConfig(KernelConfig):
     float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
     #                                  the GPU has float8 and the plan predicts it faster
     float8_recipe: Literal[FLOAT8_RECIPES] = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
-    float8_output: bool = True       # with float8 and compile: the output layer's GEMMs in float8 too
-    #                                  (torchtitan's llama3 configs keep it bf16); not with fused_kernels [cross_entropy]
+    float8_output: bool = False      # with float8 and compile: the output layer's GEMMs in float8 too (faster; held-out
+    #                                  loss +3.3 % on the tied 1B: benchmarks/time-to-quality_h200_2026-11-29.md);
+    #                                  not with fused_kernels [cross_entropy]
 
     @property
     def float8_output_layer(self) -> bool:

@@ -215,7 +215,7 @@ FLOAT8_HELD_OUT = 'benchmarks/time-to-quality_h200_2026-11-29.md'  # float8's he
 
 
 def float8_text(model) -> str:
-    """', float8 tensorwise (blocks and output layer; held-out loss: REPORT)' in the start summary: the recipe and
+    """', float8 tensorwise (blocks; held-out loss: REPORT)' in the start summary: the recipe and
     the measurement of what it costs; '' without float8."""
     if not model.float8:
         return ''

@@ -178,7 +178,7 @@ def test_the_start_summary_names_the_float8_recipe_and_the_report_of_its_held_ou
     report = 'benchmarks/time-to-quality_h200_2026-11-29.md'
     assert FLOAT8_HELD_OUT == report and os.path.isfile(os.path.join(REPO, report))
     assert float8_text(ModelConfig(float8=True, compile=True)) == (
-        f', float8 tensorwise (blocks and output layer; held-out loss: {report})')
-    assert float8_text(ModelConfig(float8=True, compile=True, float8_output=False, float8_recipe='rowwise')) == (
-        f', float8 rowwise (blocks; held-out loss: {report})')
+        f', float8 tensorwise (blocks; held-out loss: {report})')
+    assert float8_text(ModelConfig(float8=True, compile=True, float8_output=True, float8_recipe='rowwise')) == (
+        f', float8 rowwise (blocks and output layer; held-out loss: {report})')
     assert float8_text(ModelConfig(float8=False)) == ''
