@@ -51,6 +51,10 @@
 #                                               tokens, LOCAL samples per GPU a step (default 4, the YAML's) in
 #                                               micro-batches of 1, no AC: ours beside transformers'
 #                                               MixtralForCausalLM (its default grouped_mm experts, and its loop)
+#   bash benchmarks/gpu.sh plan-mixtral [LAYERS]  the GPUs present: Mixtral-8x7B width, LAYERS layers (2), 4 samples
+#                                               of 4,096 tokens a GPU: predicted peak memory and tokens/s beside the
+#                                               measured at six settings (micro-batch 1/2/4, checkpointing), the auto
+#                                               choice, and transformers' MixtralForCausalLM at micro-batch 4
 #   bash benchmarks/gpu.sh bench ARGS           scripts/measure_speed.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/measure_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
@@ -103,6 +107,10 @@
 #                                               harness's HF backend in fp32 and bf16; the same wheels as downstream)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
+#   bash benchmarks/gpu.sh profile-mixtral [LAYERS] [MICRO ...]  the GPUs present: Mixtral-8x7B width (LAYERS: 2), 4
+#                                               samples of 4,096 tokens a GPU, no checkpointing, each micro-batch
+#                                               (1 2 4): kernel time by category (grouped GEMM, sort/index, ...),
+#                                               busy and idle, ours beside transformers' MixtralForCausalLM
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
 #                                               and 1) profiled beside torchtitan's compile_full at CP 2, 131,072 tokens
 #                                               (OURS_ONLY=1: ours alone); GPU timelines in $OUT/timelines
@@ -483,6 +491,18 @@ case "${1:-}" in
   syncs-1b)  # the host syncs of one batch of yamls/llama1b.yaml at local batch 2
     composer -n 1 scripts/profile_run.py yamls/llama1b.yaml global_batch_size=2 device_microbatch_size=2 --warmup 4 \
       --steps 1 --syncs 2>&1 | grep -v Warning | tail -30 ;;
+  profile-mixtral)  # [LAYERS] [MICRO ...]: Mixtral-8x7B width (LAYERS: 2), 4 samples of 4,096 tokens a GPU a step, no
+    # checkpointing, at each micro-batch (1 2 4): ours beside transformers' MixtralForCausalLM, the same steps profiled
+    layers=${2:-2}; shift $(( $# < 2 ? $# : 2 ))
+    for micro in ${*:-1 2 4}; do
+      Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=$layers device_microbatch_size=$micro $AC=none"
+      for model in ours hf; do
+        composer -n "$GPUS" scripts/profile_run.py $Y --model $model --warmup 4 --steps 2 \
+          --trace "/tmp/$model-mixtral-mb$micro.json" 2>&1 | grep -v Warning | tail -16
+      done
+      python3 scripts/compare_profiles.py "ours=/tmp/ours-mixtral-mb$micro.json" "hf=/tmp/hf-mixtral-mb$micro.json" \
+        --kernels 25 --gaps 8 --json "$OUT/profile-mixtral-${layers}layers-mb$micro.json"
+    done ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
   profile-1b-ours) profile 1B 2 yamls/llama1b.yaml none ours ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
@@ -524,6 +544,19 @@ case "${1:-}" in
     M="yamls/mixtral8x7b.yaml global_batch_size=$((${3:-4} * GPUS)) model.n_layers=${2:-3} $AC=none"
     python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 4 --steps 8 --json "$OUT/bench-mixtral.json" \
       --row "ours $M" --row "hf hf:$M" --row "hf-loop hf-loop:$M" --versus ours:hf --versus ours:hf-loop ;;
+  plan-mixtral)  # [LAYERS] the GPUs present, Mixtral-8x7B width with LAYERS layers (default 2), 4 samples of 4,096
+    # tokens a GPU a step (the YAML's share of its global batch): the run plan's predicted peak memory and tokens/s
+    # beside the measured at six explicit settings (fit_check=false), the settings auto takes, and transformers'
+    # MixtralForCausalLM (its grouped_mm experts) at the micro-batch auto took
+    Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=${2:-2} fit_check=false"
+    M=device_microbatch_size A=parallelism.fsdp.activation_checkpointing R=parallelism.fsdp.reshard_after_forward
+    rows=()
+    for s in "1 none" "2 none" "4 none" "1 selective" "4 selective" "4 full"; do
+      set -- $s
+      rows+=(--row "mb$1-$2 $Y $M=$1 $A=$2")
+    done
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/plan-mixtral.json" "${rows[@]}" \
+      --row "auto $Y $M=auto $A=auto $R=auto" --row "hf-mb4 hf:$Y $M=4 $A=none" --versus auto:hf-mb4 ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;

@@ -22,8 +22,12 @@ CATEGORIES = (  # first match wins; names are lower-cased
     ('loss', r'cross_entropy|log_?softmax|nll_loss|softmax_backward'),
     ('normalization', r'rms_?norm|layer_?norm|rsqrt'),
     ('RoPE', r'rope|rotary'),
+    ('grouped GEMM', r'groupproblemshape|grouped_?mm'),  # mixture of experts: every expert in one launch
     ('GEMM', r'gemm|cutlass|xmma|wgmma|nvjet|cublas|aten::(mm|addmm|bmm|matmul|linear)\b'),
     ('optimizer', r'adam|multi_tensor_apply|foreach'),
+    # the routing of a mixture of experts (and the embedding's gradient)
+    ('sort, index', r'sort|topk|histogram|histc|index_?(add|put|select)|indexfunc|index_elementwise|'
+                    r'indexing_backward|scatter|gather|devicescan|cumsum|repeat_interleave|aten::(index|argsort)\b'),
     ('memory copies', r'memcpy|memset|copy_|aten::(to|_to_copy|cat|clone|contiguous)\b|catarray'),
     ('elementwise', r'elementwise|vectorized|unrolled|reduce_kernel|triton|aten::(mul|add|silu|neg|pow|mean|cos|sin|'
                     r'sum|div|where|masked_fill|fill_|zero_)'),

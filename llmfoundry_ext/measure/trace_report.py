@@ -10,10 +10,13 @@ from llmfoundry_ext.measure.profiling import (collective_stats, compare_traces, 
 
 def compare_report(args) -> int:
     """``scripts/compare_profiles.py``'s arguments -> the traces' categories side by side (and their top kernels, longest
-    idle stretches, timelines, JSON); 2 when a trace has no profiler steps."""
+    idle stretches, timelines, JSON); 2 when a trace is missing or has no profiler steps."""
     summaries = {}
     for named in args.traces:
         name, _, path = named.rpartition('=')
+        if not os.path.isfile(path):
+            print(f'error: {path}: no such trace; did its profiling run fail? (its log says why)', file=sys.stderr)
+            return 2
         summary = read_trace(path)
         if not summary.steps:
             print(f'error: {path} has no ProfilerStep#N ranges: profile it with scripts/profile_run.py or '

@@ -29,6 +29,17 @@ from tests.conftest import FORKED, REPO
     ('triton_per_fused__to_copy_mean_mul_pow_rsqrt_0', 'normalization'),
     ('triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_0', 'elementwise'),  # compiled, not the optimizer
     ('aten::mm', 'GEMM'),
+    ('void cutlass::device_kernel<at::cuda::detail::enable_3x_kernel_for_sm9x<cutlass::gemm::kernel::GemmUniversal<'
+     'cutlass::gemm::GroupProblemShape<cute::tuple<int, int, int>>', 'grouped GEMM'),
+    ('void at_cuda_detail::cub::DeviceRadixSortOnesweepKernel<at_cuda_detail::cub::DeviceRadixSortPolicy<long>',
+     'sort, index'),
+    ('void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>', 'sort, index'),
+    ('void at::native::index_elementwise_kernel<128, 4, at::native::gpu_index_kernel<at::native::index_kernel_impl',
+     'sort, index'),
+    ('void at::native::indexFuncLargeIndex<c10::BFloat16, long, unsigned int, 2, 2, -2, true>', 'sort, index'),
+    ('void at::cuda::kernelHistogram1D<float, float, long, 1, 2, -1, (at::cuda::CUDAHistogramMemoryType)0>',
+     'sort, index'),
+    ('ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)', 'communication'),  # expert parallelism's all-to-all
     ('some_unknown_kernel', 'other'),
 ])
 def test_categorize(name, category):
@@ -178,6 +189,9 @@ def test_compare_profiles_script(tmp_path, capsys):
     assert main([f'x={bare}']) == 2
     assert capsys.readouterr().err.strip() == (f'error: {bare} has no ProfilerStep#N ranges: profile it with '
                                                "scripts/profile_run.py or torchtitan's profiler")
+    assert main([f'ours={tmp_path / "absent.json"}']) == 2
+    assert capsys.readouterr().err.strip() == (f'error: {tmp_path / "absent.json"}: no such trace; did its profiling '
+                                               'run fail? (its log says why)')
 
 
 def item_on_the_host():
