@@ -483,6 +483,7 @@ def validate(config: TrainConfig) -> None:
     check_expert_parallel(config)
     check_batch_split(config)
     check_model(config.model, config.max_seq_len)
+    check_compiled_experts(config)
     check_objective(config)
     check_parallelism(config.parallelism.fsdp)
     if config.checkpoint.autoresume and not config.checkpoint.save_folder:
@@ -540,6 +541,14 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
     if isinstance(model, MixtralConfig) and model.experts_per_token > model.n_experts:
         raise ConfigError(f'model.experts_per_token: {model.experts_per_token} is not between 1 and model.n_experts '
                           f'{model.n_experts}')
+
+
+def check_compiled_experts(config: TrainConfig) -> None:
+    """torch's grouped GEMM compiles for bf16 inputs only (its meta kernel's check, torch 2.11): compiled experts
+    under fp32 or fp16 would fail at the first batch with a long trace."""
+    if isinstance(config.model, MixtralConfig) and config.model.compile and config.precision != 'amp_bf16':
+        raise ConfigError(f"model.compile: the experts' compiled grouped GEMMs take bf16 only, and precision is "
+                          f'{config.precision}; use precision=amp_bf16 or model.compile=false')
 
 
 def check_objective(config: TrainConfig) -> None:

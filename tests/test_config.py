@@ -137,6 +137,9 @@ BAD_CONFIGS = [
      'model.causal: masked LM needs bidirectional attention; set model.causal=false'),
     (change('data.train.streams', []),
      'data.train.streams: expected a mapping, got list []'),
+    (changes(('model.family', 'mixtral'), ('model.compile', True), ('precision', 'fp32')),
+     "model.compile: the experts' compiled grouped GEMMs take bf16 only, and precision is fp32; use "
+     'precision=amp_bf16 or model.compile=false'),
 ]
 
 
