@@ -30,8 +30,8 @@ def test_a_yaml_whose_settings_do_not_fit_is_refused_with_status_2(capsys):
     assert code == 2
     assert capsys.readouterr().out.splitlines()[-1] == (
         'the YAML as set is refused: device_microbatch_size: micro-batch 8, checkpointing none, reshard false, float8 '
-        'true is predicted to need 121.0 GiB a GPU, more than the 73.5 GiB that fits NVIDIA H100 80GB HBM3 (79.2 GiB, '
-        'less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=4 (predicted 72.7 GiB, 65,649 '
+        'true is predicted to need 105.3 GiB a GPU, more than the 73.5 GiB that fits NVIDIA H100 80GB HBM3 (79.2 GiB, '
+        'less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=4 (predicted 64.9 GiB, 61,581 '
         'tokens/s a GPU), or auto')
 
 
