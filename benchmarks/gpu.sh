@@ -4,7 +4,9 @@
 # torchao==0.17.0 fills .whl/), torchtitan from bash ../shared/anchors/prepare.sh (.anchors/). From the repo root:
 #   bash benchmarks/gpu.sh tests [PART ...]    the GPU suite (make test-gpu) in named parts (default: all), each
 #                                               under an 8-minute limit, its log $OUT/tests-PART.log; then a table of
-#                                               parts, seconds and results (COMMIT names the code). Parts: units,
+#                                               parts, seconds and results (COMMIT names the code: write it into the
+#                                               command from your checkout; the device's git may name the commit its
+#                                               first copy of the session came from). Parts: units,
 #                                               checkpointing, shipped-1b, shipped-mlm1b, shipped-8b, shipped-70b,
 #                                               shipped-mixtral (one GPU or more); 2gpu (context parallel and
 #                                               llama8b-131k.yaml: listed as not run on one GPU)

@@ -17,8 +17,8 @@ EVERY_KEY_AUTO = ['device_microbatch_size=auto', 'parallelism.fsdp.activation_ch
 
 def test_auto_is_the_fastest_setting_predicted_to_fit_a_60_gib_gpu():
     """1B, 8 samples a step on one GPU without float8: micro-batch 8 and 4 without checkpointing (130.1 and 77.7 GiB
-    predicted) do not fit 55.2 GiB; 2 without (49.2 GiB, 53,665 tokens/s) is the fastest that does (then 1 without,
-    51,753; 4 with selective, 55.2 GiB, 51,309)."""
+    predicted) do not fit 55.2 GiB; 2 without (49.2 GiB, 53,495 tokens/s) is the fastest that does (then 1 without,
+    51,897; 4 with selective, 55.2 GiB, 50,854)."""
     config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', *EVERY_KEY_AUTO])
     plan = settle(config, Machine.described(1, gpu_named('60')), float8_available=False)
     assert plan.chosen.setting == Setting(micro_batch=2, checkpointing='none', reshard_after_forward=False,
@@ -50,7 +50,7 @@ def test_an_explicit_setting_predicted_not_to_fit_is_refused_naming_one_that_fit
         'parallelism.fsdp.reshard_after_forward=false', 'model.float8=false']) == (
         'device_microbatch_size: micro-batch 4, checkpointing none, reshard false, float8 false is predicted to need '
         '77.7 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB (H100 speed assumed) (60.0 GiB, less 5% '
-        'and 2.0 GiB outside the allocator); set device_microbatch_size=2 (predicted 49.2 GiB, 53,665 tokens/s a '
+        'and 2.0 GiB outside the allocator); set device_microbatch_size=2 (predicted 49.2 GiB, 53,495 tokens/s a '
         'GPU), or auto')
 
 
@@ -59,7 +59,7 @@ def test_when_no_auto_choice_fits_the_explicit_key_to_change_is_named():
         'device_microbatch_size: the smallest setting auto may take here (micro-batch 8, checkpointing full, reshard '
         'false, float8 false) is predicted to need 55.9 GiB a GPU, more than the 55.2 GiB that fits a GPU of 60 GiB '
         '(H100 speed assumed) (60.0 GiB, less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=2 '
-        '(predicted 49.2 GiB, 53,665 tokens/s a GPU), or auto')
+        '(predicted 49.2 GiB, 53,495 tokens/s a GPU), or auto')
 
 
 def test_train_refuses_it_in_one_line_with_exit_status_2_before_any_process_group(tiny_config, tmp_path,

@@ -1,4 +1,6 @@
 """The speed model beside the tokens/s measured on GPUs (benchmarks/results)."""
+import dataclasses
+
 import pytest
 
 from llmfoundry_ext.model.llama import PRESETS
@@ -42,3 +44,13 @@ def test_the_prediction_is_within_3_percent_of_the_1b_on_one_h200(row):
                                   GPUS['h200'])
     measured = row['tokens_per_second_per_gpu']
     assert abs(predicted / measured - 1) < 0.03, f'{predicted:,.0f} predicted, {measured:,.0f} measured'
+
+
+def test_mixtral_on_one_h200_is_predicted_within_10_percent():
+    """Issue 67's run (c30d668, one H200): yamls/mixtral8x7b.yaml with 2 layers, 2 samples of 4,096 tokens a step in
+    micro-batches of 1, selective checkpointing, one process: 52,655 tokens/s. The weights' casts a micro-batch are
+    most of what the FLOPs miss (+41 % without them)."""
+    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
+    two_layers = dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=2)
+    predicted = tokens_per_second(two_layers, Setting(1, 'selective'), 4096, 4096, 8192, 1, False, GPUS['h200'])
+    assert abs(predicted / 52655 - 1) < 0.10, f'{predicted:,.0f} predicted'

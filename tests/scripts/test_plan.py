@@ -14,7 +14,7 @@ def test_the_8b_on_256_h100s_gets_a_table_its_choice_and_the_time_to_1t_tokens(t
     assert lines[1] == 'on 256 x NVIDIA H100 80GB HBM3 (79.2 GiB; 32 nodes), 2 samples a GPU a step'
     assert lines[3].split() == ['micro', 'checkpointing', 'reshard', 'float8', 'peak', 'GiB', 'fits', 'tokens/s/GPU',
                                 'MFU', 'time', 'to', 'end', 'GPU-hours']
-    assert lines[-1] == '1T tokens: 4.0 days on 256 GPUs (24,332 GPU-hours)'
+    assert lines[-1] == '1T tokens: 4.1 days on 256 GPUs (25,124 GPU-hours)'
     rows = json.loads(out.read_text())['rows']
     assert len(rows) == 2 * 3 * 2 * 2  # micro-batch 1 and 2, three modes, resharding, float8
     assert [row for row in rows if row['chosen']] == [rows[0]]  # the fastest, which fits
@@ -31,7 +31,7 @@ def test_a_yaml_whose_settings_do_not_fit_is_refused_with_status_2(capsys):
     assert capsys.readouterr().out.splitlines()[-1] == (
         'the YAML as set is refused: device_microbatch_size: micro-batch 8, checkpointing none, reshard false, float8 '
         'true is predicted to need 105.3 GiB a GPU, more than the 73.5 GiB that fits NVIDIA H100 80GB HBM3 (79.2 GiB, '
-        'less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=4 (predicted 64.9 GiB, 61,581 '
+        'less 5% and 2.0 GiB outside the allocator); set device_microbatch_size=4 (predicted 64.9 GiB, 61,090 '
         'tokens/s a GPU), or auto')
 
 
