@@ -70,20 +70,22 @@
 #                                               .rst.txt: data_prep/linux_doc_corpus.sh); EVAL_EVERY: held-out loss
 #                                               every so many steps and the time-to-quality table, QUALITY
 #                                               (ours:torchtitan) its REFERENCE:TARGET
-#   bash benchmarks/gpu.sh grid CORPUS LR ROW...  one GPU: a cell of the time-to-quality grid (docs/learning.md):
-#                                               the 1B at 4 x 8,192 tokens a step, 400 steps, seed 1, every row
-#                                               from grid-bf16's weights, held-out loss every 100 steps; CORPUS python
-#                                               (40 MB) or prose (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
-#                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
-#                                               grid-titan-fp8 (one or two a call: ~5 min a row on an H200); a
-#                                               cell's calls merge with measure_learning.py --report FILES
-#                                               --quality ours-bf16:torchtitan; GRID_STEPS=N: the rows' schedule N
-#                                               steps (the table's "steps at 1.15x": the default's time-to-target run);
-#                                               grid-shipped grid-shipped-blocks grid-shipped-bf16: llama1b.yaml's
-#                                               tied model (float8 with the output layer, float8 blocks only: the
-#                                               default, bf16) from its own weights, in calls of their own;
+#   bash benchmarks/gpu.sh grid CORPUS LR ROW[@STEPS]...  one GPU: a cell of the time-to-quality grid
+#                                               (docs/learning.md): the 1B at 4 x 8,192 tokens a step, 400 steps,
+#                                               seed 1, every row from grid-bf16's weights, held-out loss every 100
+#                                               steps; CORPUS python (40 MB) or prose (.corpora/linux-doc carried,
+#                                               18 MB); ROWs grid-bf16 grid-float8-blocks grid-float8
+#                                               grid-float8-rowwise grid-titan grid-titan-fp8 (~5 min a row on an
+#                                               H200: two a call); a cell's calls merge with measure_learning.py
+#                                               --report FILES --quality ours-bf16:torchtitan; ROW@N (or GRID_STEPS=N
+#                                               for every row): a schedule of N steps (the table's "steps at 1.15x":
+#                                               the default's time-to-target run); grid-shipped grid-shipped-blocks
+#                                               grid-shipped-bf16: llama1b.yaml's tied model (float8 with the output
+#                                               layer, float8 blocks only: the default, bf16) from its own weights;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
-#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights
+#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
+#                                               Consecutive rows from the same weights and schedule are one learning
+#                                               call (a JSON); a group that would outlast STOP_BY (540 s) is not begun
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -354,26 +356,47 @@ grid_weights() {  # row: the weights a grid row starts from: torchtitan's 1B fla
   case $1 in grid-shipped*) echo shipped ;; grid-8b*) echo 8b ;; *) echo 1b ;; esac
 }
 
-grid() {  # corpus lr rows...: one cell of the time-to-quality grid, its rows one after the other
+grid() {  # corpus lr ROW[@STEPS]...: one cell of the time-to-quality grid, its rows one after the other; consecutive
+  # rows from the same weights and of the same schedule train in one learning call (a JSON each)
   local corpus=$1 lr=$2 roots= suffix= megabytes=40; shift 2
   case $corpus in
     python) ;;
     prose) roots=.corpora/linux-doc suffix=.rst.txt megabytes=18 ;;  # carried: data_prep/linux_doc_corpus.sh
     *) echo "grid: the corpus is python or prose, not '$corpus'"; return 2 ;;
   esac
-  local row family=$(grid_weights "$1")  # a call's rows start from one model's weights
-  for row in "$@"; do
-    [ "$(grid_weights "$row")" = "$family" ] || { echo "grid: $1 and $row start from other weights: a call each"; return 2; }
+  local row group=() key= longest=0 t0
+  for row in "$@" ""; do
+    local next=${row:+$(grid_weights "${row%@*}")@$(grid_steps "$row")}
+    if [ ${#group[@]} -gt 0 ] && [ "$next" != "$key" ]; then
+      # STOP_BY (540 s of the call's 600): a group is not begun where its rows, as long as the longest so far,
+      # would end after it (the install and imports come first, transformers' check, ~45 s on an H200, after)
+      if [ $((SECONDS + longest * ${#group[@]})) -gt "${STOP_BY:-540}" ] && [ $longest -gt 0 ]; then
+        echo "=== ${group[*]}: not begun: a row took up to ${longest} s, $((${STOP_BY:-540} - SECONDS)) s are left"
+      else
+        t0=$SECONDS
+        grid_group "$corpus" "$lr" "$roots" "$suffix" "$megabytes" "${key#*@}" "${group[@]}"
+        longest=$(( (SECONDS - t0) / ${#group[@]} > longest ? (SECONDS - t0) / ${#group[@]} : longest ))
+      fi
+      group=()
+    fi
+    [ -n "$row" ] && { group+=("${row%@*}"); key=$next; }
   done
-  local init=grid-bf16 quality=ours-bf16:torchtitan steps=400 gpus=1
-  case $family in
+}
+
+grid_steps() {  # ROW[@STEPS]: its schedule's steps (GRID_STEPS, else the family's: 300 for the 8B, 400 else)
+  if [[ $1 == *@* ]]; then echo "${1#*@}"; elif [ "$(grid_weights "$1")" = 8b ]; then echo "${GRID_STEPS:-300}"
+  else echo "${GRID_STEPS:-400}"; fi
+}
+
+grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the same weights, one learning call
+  local corpus=$1 lr=$2 roots=$3 suffix=$4 megabytes=$5 steps=$6; shift 6
+  local init=grid-bf16 quality=ours-bf16:torchtitan gpus=1
+  case $(grid_weights "$1") in
     shipped) init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
-    8b) init=grid-8b quality=ours-8b:ours-8b steps=300 gpus=2 ;;
+    8b) init=grid-8b quality=ours-8b:ours-8b gpus=2 ;;
   esac
-  # STOP_BY: a row that would outlast the call's 600 s is not begun (the install and imports come first, and
-  # transformers' check of ours-bf16's export, ~45 s on an H200, after the rows)
-  CELL=$corpus-$lr STEPS=${GRID_STEPS:-$steps} LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
-    STOP_BY=${STOP_BY:-540} TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
+  CELL=$corpus-$lr STEPS=$steps LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
+    STOP_BY=$(( ${STOP_BY:-540} - SECONDS )) TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
     LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus \
     learning 1 "$@"
 }
