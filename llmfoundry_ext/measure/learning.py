@@ -34,7 +34,8 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.benchmark import Row, run_row, transformers_held_out_loss
-from llmfoundry_ext.measure.time_to_quality import Curve, Evaluation, compare, over_seeds
+from llmfoundry_ext.measure.time_to_quality import (Curve, Evaluation, cell_name, compare, decide, format_decision,
+                                                  over_seeds)
 from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
@@ -491,6 +492,24 @@ def report_command(args) -> int:
     if args.json:
         write_report(report, args.json)
     return 0 if all(checked['holds'] for checked in report['verdicts']) else 1
+
+
+def decide_command(args) -> int:
+    """``scripts/measure_learning.py --decide``: the default precision by issue 66's rule over the grid's reports
+    (a cell's untied and tied reports together); 1 while the grid is incomplete."""
+    cells = {}
+    for path in args.decide:
+        with open(path) as file:
+            report = json.load(file)
+        if 'time_to_quality' not in report:
+            print(f'error: {path} has no time-to-quality table: merge it with --report ... --quality', file=sys.stderr)
+            return 2
+        cells.setdefault(cell_name(report), []).extend(report['time_to_quality'])
+    decision = decide(cells, speedup=SOONER)
+    print(format_decision(decision))
+    if args.json:
+        write_report(decision, args.json)
+    return 0 if decision['decision'] else 1
 
 
 def train_command(args) -> int:

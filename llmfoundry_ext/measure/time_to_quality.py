@@ -118,3 +118,76 @@ def format_table(table: list[dict], quality_reference: str, time_reference: str)
                         f"{entry['sooner']:>7.2f}x" if reached else f"{'not reached':>18}{'-':>13}{'-':>8}")
                      + f"{entry['steps_in_time']:>16}")
     return '\n'.join(lines)
+
+
+class Recipe(NamedTuple):
+    """A precision recipe the grid weighs for the default, by its rows' names: on torchtitan's 1B flavor (untied,
+    beside ``ours-bf16``; its time-to-target runs named ``UNTIED@STEPS``) and on the shipped tied 1B (beside
+    ``ours-shipped-bf16``)."""
+    name: str
+    untied: str
+    tied: str
+
+
+RECIPES = (Recipe('float8 blocks', 'ours-float8-blocks', 'ours-shipped-float8-blocks'),
+           Recipe('float8 blocks and output layer', 'ours-float8', 'ours-shipped'))
+
+
+def cell_name(report: dict) -> str:
+    """'prose lr 0.001': a merged report's corpus (the learning benchmark's file suffix) and learning rate."""
+    corpus = 'python' if report['data'].get('suffix', '.py') == '.py' else 'prose'
+    return f"{corpus} lr {report['hyper']['lr']:g}"
+
+
+def recipe_in_cell(recipe: Recipe, table: list[dict]) -> dict:
+    """The recipe's rows in one cell's time-to-quality tables (untied and tied together): its final gaps at equal
+    tokens, whether both hold (None where a row is missing), and its best speed-up to the target over its runs."""
+    by_name = {entry['name']: entry for entry in table}
+    untied, tied = by_name.get(recipe.untied), by_name.get(recipe.tied)
+    timed = [entry['sooner'] for entry in table if entry['sooner'] is not None
+             and (entry['name'] == recipe.untied or entry['name'].startswith(recipe.untied + '@'))]
+    holds = [row['holds'] for row in (untied, tied) if row is not None]
+    return {'untied_gap': untied and untied['final_gap'], 'tied_gap': tied and tied['final_gap'],
+            'holds': False if False in holds else (True if len(holds) == 2 else None),
+            'sooner': max(timed) if timed else None}
+
+
+def decide(cells: dict[str, list[dict]], recipes: tuple = RECIPES, speedup: float = 1.15) -> dict:
+    """Issue 66's rule over the grid's cells (name -> its time-to-quality tables' rows): the recipe with the shortest
+    wall-clock to the target (its smallest speed-up over the cells, largest) among those that hold bf16's held-out
+    loss in every cell, tied and untied; bf16 when none holds; None (incomplete) while a recipe that has not failed
+    lacks a row or a time somewhere."""
+    weighed = {recipe.name: {cell: recipe_in_cell(recipe, table) for cell, table in cells.items()}
+               for recipe in recipes}
+    failed = {name for name, by_cell in weighed.items() if any(c['holds'] is False for c in by_cell.values())}
+    open_ = [name for name in weighed if name not in failed and any(
+        c['holds'] is None or c['sooner'] is None for c in weighed[name].values())]
+    if open_:
+        decision, why = None, f"incomplete: {', '.join(open_)} lacks a row or a time to the target in some cell"
+    elif len(failed) == len(weighed):
+        decision, why = 'bf16', 'every recipe ends above bf16 by more than the tolerance in some cell'
+    else:
+        decision = max((name for name in weighed if name not in failed),
+                       key=lambda name: min(c['sooner'] for c in weighed[name].values()))
+        slowest = min(c['sooner'] for c in weighed[decision].values())
+        why = (f'holds in every cell; its slowest cell {slowest:.2f}x sooner than the target row '
+               f"({'at least' if slowest >= speedup else 'under'} {speedup:g}x)")
+    return {'recipes': weighed, 'failed': sorted(failed), 'decision': decision, 'why': why}
+
+
+def format_decision(decision: dict) -> str:
+    """A line a recipe: each cell's gaps at equal tokens (untied / the tied shipped 1B) and speed-up to the target,
+    then the decision."""
+    cells = sorted(next(iter(decision['recipes'].values())))
+    lines = [f"{'recipe':<32}" + ''.join(f'{cell:>30}' for cell in cells)]
+    for name, by_cell in decision['recipes'].items():
+        lines.append(f'{name:<32}' + ''.join(f'{cell_text(by_cell[cell]):>30}' for cell in cells))
+    lines.append(f"decision: {decision['decision'] or 'none yet'} ({decision['why']})")
+    return '\n'.join(lines)
+
+
+def cell_text(weighed: dict) -> str:
+    """'-0.14% / +0.20% / 1.17x' (a missing row or time: '-')."""
+    gap = lambda value: '-' if value is None else f'{value:+.2%}'
+    sooner = '-' if weighed['sooner'] is None else f"{weighed['sooner']:.2f}x"
+    return f"{gap(weighed['untied_gap'])} / {gap(weighed['tied_gap'])} / {sooner}"

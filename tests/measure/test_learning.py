@@ -52,6 +52,40 @@ def test_merged_reports_join_renamed_rows_of_the_files_named(tmp_path):
     assert merged['verdicts'][0]['holds'] and merged['verdicts'][0]['final_ours'] == 2.0
 
 
+def test_decide_reads_each_cells_reports_and_says_when_the_grid_is_incomplete(tmp_path, capsys):
+    """Two prose reports of one cell (torchtitan's flavor, merged with the timed run; the shipped tied 1B): float8
+    with the output layer fails on the tied model, blocks-only holds but has no timed run yet."""
+    from scripts.measure_learning import main
+
+    def report(name, table):
+        path = tmp_path / name
+        path.write_text(json.dumps({'data': {'suffix': '.rst.txt'}, 'hyper': {'lr': 0.001},
+                                    'time_to_quality': table}))
+        return str(path)
+
+    def entry(name, gap, sooner=None):
+        return {'name': name, 'final_gap': gap, 'holds': None if gap is None else gap <= 0.005, 'sooner': sooner}
+
+    untied = report('untied.json', [entry('ours-bf16', 0.0), entry('ours-float8-blocks', -0.0014),
+                                    entry('ours-float8', -0.0008), entry('ours-float8@441', None, 1.19)])
+    tied = report('tied.json', [entry('ours-shipped-bf16', 0.0), entry('ours-shipped', 0.0326),
+                                entry('ours-shipped-float8-blocks', 0.001)])
+    assert main(['--decide', untied, tied, '--json', str(tmp_path / 'decision.json')]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        'decision: none yet (incomplete: float8 blocks lacks a row or a time to the target in some cell)')
+    assert json.loads((tmp_path / 'decision.json').read_text())['failed'] == ['float8 blocks and output layer']
+    timed = report('timed.json', [entry('ours-float8-blocks@412', None, 1.16)])
+    assert main(['--decide', untied, tied, timed]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        'decision: float8 blocks (holds in every cell; its slowest cell 1.16x sooner than the target row (at least '
+        '1.15x))')
+    bare = tmp_path / 'bare.json'
+    bare.write_text(json.dumps({'data': {}, 'hyper': {'lr': 0.001}}))
+    assert main(['--decide', str(bare)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f'error: {bare} has no time-to-quality table: merge it with --report ... --quality')
+
+
 def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(tmp_path):
     """The default trained as long as torchtitan's seconds over 1.15 allow, merged beside the 400-step cell."""
     def report(name, steps, rows):

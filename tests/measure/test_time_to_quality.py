@@ -1,8 +1,10 @@
-"""Time to quality: held-out losses over seeds, tokens and seconds to a target, gaps at equal tokens."""
+"""Time to quality: held-out losses over seeds, tokens and seconds to a target, gaps at equal tokens; the default
+precision decided over the grid's cells."""
 import pytest
 
-from llmfoundry_ext.measure.time_to_quality import (Curve, Evaluation, HeldOut, compare, format_table,
-                                                    gaps_at_equal_tokens, over_seeds, tokens_to_target)
+from llmfoundry_ext.measure.time_to_quality import (Curve, Evaluation, HeldOut, cell_name, compare, decide,
+                                                    format_decision, format_table, gaps_at_equal_tokens, over_seeds,
+                                                    tokens_to_target)
 
 BF16 = over_seeds([[Evaluation(100, 2.4), Evaluation(200, 2.0), Evaluation(300, 1.9)],
                    [Evaluation(100, 2.6), Evaluation(200, 2.2), Evaluation(300, 1.9)]])
@@ -85,3 +87,55 @@ def test_a_row_that_never_reaches_the_target_says_so():
     assert format_table(table, 'bf16', 'bf16').splitlines()[-1] == (
         'slow                       300    2.0000   +5.26%        900       not reached            -       -'
         '             234')
+
+
+def entry(name: str, gap: float | None, sooner: float | None = None) -> dict:
+    """A time-to-quality table's row as the decision reads it (the gap against its table's bf16 reference)."""
+    return {'name': name, 'final_gap': gap, 'holds': None if gap is None else gap <= 0.005, 'sooner': sooner}
+
+
+def cell(blocks_gap, blocks_tied_gap, blocks_sooner, output_gap, output_tied_gap, output_sooner) -> list[dict]:
+    """One cell's untied and tied tables together: each recipe's equal-token rows, its time-to-target run."""
+    rows = [entry('ours-bf16', 0.0), entry('torchtitan', -0.003, 1.0), entry('ours-shipped-bf16', 0.0)]
+    for untied, tied, gap, tied_gap, sooner in (('ours-float8-blocks', 'ours-shipped-float8-blocks', blocks_gap,
+                                                 blocks_tied_gap, blocks_sooner),
+                                                ('ours-float8', 'ours-shipped', output_gap, output_tied_gap,
+                                                 output_sooner)):
+        rows += [entry(untied, gap), entry(tied, tied_gap)]
+        if sooner is not None:
+            rows.append(entry(f'{untied}@412', None, sooner))  # the timed run: another schedule, no gap
+    return rows
+
+
+def test_the_default_is_the_fastest_recipe_that_holds_in_every_cell_tied_and_untied():
+    cells = {'prose lr 0.001': cell(-0.0014, 0.002, 1.17, -0.0008, 0.0326, 1.19),
+             'python lr 0.0003': cell(0.004, -0.001, 1.21, 0.001, 0.0, 1.30)}
+    decision = decide(cells)
+    assert (decision['decision'], decision['failed']) == ('float8 blocks', ['float8 blocks and output layer'])
+    assert decision['why'] == 'holds in every cell; its slowest cell 1.17x sooner than the target row (at least 1.15x)'
+    assert format_decision(decision).splitlines() == [
+        'recipe                                          prose lr 0.001              python lr 0.0003',
+        'float8 blocks                          -0.14% / +0.20% / 1.17x       +0.40% / -0.10% / 1.21x',
+        'float8 blocks and output layer         -0.08% / +3.26% / 1.19x       +0.10% / +0.00% / 1.30x',
+        'decision: float8 blocks (holds in every cell; its slowest cell 1.17x sooner than the target row (at least '
+        '1.15x))']
+    both_hold = decide({'prose lr 0.001': cell(0.0, 0.0, 1.12, 0.0, 0.0, 1.14)})
+    assert both_hold['decision'] == 'float8 blocks and output layer'  # the larger of the two slowest speed-ups
+    assert both_hold['why'].endswith('1.14x sooner than the target row (under 1.15x)')
+
+
+def test_bf16_is_the_default_when_no_recipe_holds_and_a_missing_row_leaves_it_undecided():
+    failing = decide({'prose lr 0.001': cell(0.006, 0.0, 1.2, 0.0, 0.0326, 1.19)})
+    assert (failing['decision'], failing['why']) == (
+        'bf16', 'every recipe ends above bf16 by more than the tolerance in some cell')
+    missing = decide({'prose lr 0.001': cell(-0.0014, None, None, -0.0008, 0.0326, 1.19)})
+    assert (missing['decision'], missing['why']) == (
+        None, 'incomplete: float8 blocks lacks a row or a time to the target in some cell')
+    untimed = decide({'prose lr 0.001': cell(-0.0014, 0.001, None, -0.0008, 0.0326, 1.19)})
+    assert untimed['decision'] is None and untimed['recipes']['float8 blocks']['prose lr 0.001']['holds'] is True
+
+
+def test_a_cell_is_named_by_its_corpus_and_learning_rate():
+    assert cell_name({'data': {'suffix': '.rst.txt'}, 'hyper': {'lr': 0.001}}) == 'prose lr 0.001'
+    assert cell_name({'data': {'suffix': '.py'}, 'hyper': {'lr': 3e-4}}) == 'python lr 0.0003'
+    assert cell_name({'data': {}, 'hyper': {'lr': 3e-4}}) == 'python lr 0.0003'  # reports before the suffix was kept
