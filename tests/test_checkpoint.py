@@ -45,7 +45,7 @@ def ours(config: LlamaConfig, seed: int = 0) -> Transformer:
 
 
 def hf_model(folder) -> transformers.LlamaForCausalLM:
-    return transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32,
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
                                                              attn_implementation='eager').eval()
 
 

@@ -172,7 +172,7 @@ class HFCausalLM(ComposerModel):
         if self.routed:
             hf.output_router_logits = True
         self.model = (AutoModelForCausalLM.from_pretrained(weights, config=hf, attn_implementation='sdpa',
-                                                           torch_dtype=torch.float32) if weights  # init_from
+                                                           dtype=torch.float32) if weights  # init_from
                       else AutoModelForCausalLM.from_config(hf, attn_implementation='sdpa'))
         if experts_implementation and hasattr(self.model, 'set_experts_implementation'):  # transformers 5
             self.model.set_experts_implementation(experts_implementation)
@@ -258,7 +258,7 @@ def transformers_held_out_loss(folder: str, device: str) -> float:
     loss over its held-out batches, a sample at a time; the evaluator's check, by other code on the same weights."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32, attn_implementation='sdpa')
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation='sdpa')
     model.to(device).eval()
     saved = torch.load(os.path.join(folder, 'held_out.pt'))
     total, tokens = 0.0, 0
