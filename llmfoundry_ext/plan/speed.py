@@ -38,7 +38,7 @@ RECOMPUTE_COST = {'selective': 1.0, 'full': 0.65, 'full_except_attention': 0.65}
 RESHARD_FACTOR = 0.975
 
 
-def efficiency(tokens: int, width: int) -> float:
+def efficiency(tokens: float, width: int) -> float:
     work = tokens * width
     return EFFICIENCY_MAX * work / (work + HALF_WORK)
 
@@ -51,12 +51,13 @@ def expert_flops_share(arch, seq_len: int) -> float:
 
 def compute_efficiency(arch, micro_tokens: int, seq_len: int) -> float:
     """The efficiency of a micro-batch's GEMMs together: an expert's grouped GEMM runs on the tokens routed to it
-    (micro-batch x k / E), the other GEMMs on the whole micro-batch."""
+    (micro-batch x k / E on average: fewer than one token where E > micro-batch x k), the other GEMMs on the whole
+    micro-batch."""
     share = expert_flops_share(arch, seq_len)
     dense = efficiency(micro_tokens, arch.dim)
     if not share:
         return dense
-    routed = efficiency(micro_tokens * arch.experts_per_token // arch.n_experts, arch.dim)
+    routed = efficiency(micro_tokens * arch.experts_per_token / arch.n_experts, arch.dim)
     return 1 / ((1 - share) / dense + share / routed)
 
 

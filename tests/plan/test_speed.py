@@ -54,3 +54,12 @@ def test_mixtral_on_one_h200_is_predicted_within_10_percent():
     two_layers = dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=2)
     predicted = tokens_per_second(two_layers, Setting(1, 'selective'), 4096, 4096, 8192, 1, False, GPUS['h200'])
     assert abs(predicted / 52655 - 1) < 0.10, f'{predicted:,.0f} predicted'
+
+
+def test_experts_seeing_fewer_than_one_token_each_are_slower_not_a_division_by_zero():
+    """2 tokens a micro-batch, top-2 of 8 experts: half a token an expert on average (floor division made it 0)."""
+    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
+    from llmfoundry_ext.plan.speed import compute_efficiency, efficiency
+    mixtral = MIXTRAL['mixtral-8x7b']
+    assert 0 < compute_efficiency(mixtral, 2, 2) < efficiency(2, mixtral.dim)
+    assert compute_efficiency(mixtral, 4096, 4096) < efficiency(4096, mixtral.dim)
