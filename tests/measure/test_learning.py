@@ -56,15 +56,13 @@ def test_decide_reads_each_cells_reports_and_says_when_the_grid_is_incomplete(tm
     """Two prose reports of one cell (torchtitan's flavor, merged with the timed run; the shipped tied 1B): float8
     with the output layer fails on the tied model, blocks-only holds but has no timed run yet."""
     from scripts.measure_learning import main
+    from tests.measure.test_time_to_quality import entry
 
     def report(name, table):
         path = tmp_path / name
         path.write_text(json.dumps({'data': {'suffix': '.rst.txt'}, 'hyper': {'lr': 0.001},
                                     'time_to_quality': table}))
         return str(path)
-
-    def entry(name, gap, sooner=None):
-        return {'name': name, 'final_gap': gap, 'holds': None if gap is None else gap <= 0.005, 'sooner': sooner}
 
     untied = report('untied.json', [entry('ours-bf16', 0.0), entry('ours-float8-blocks', -0.0014),
                                     entry('ours-float8', -0.0008), entry('ours-float8@441', None, 1.19)])
