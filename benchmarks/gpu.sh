@@ -72,12 +72,13 @@
 #                                               (ours:torchtitan) its REFERENCE:TARGET
 #   bash benchmarks/gpu.sh grid CORPUS LR ROW[@STEPS]...  one GPU: a cell of the time-to-quality grid
 #                                               (docs/learning.md): the 1B at 4 x 8,192 tokens a step, 400 steps,
-#                                               seed 1, every row from grid-bf16's weights, held-out loss every 100
-#                                               steps; CORPUS python (40 MB) or prose (.corpora/linux-doc carried,
-#                                               18 MB); ROWs grid-bf16 grid-float8-blocks grid-float8
-#                                               grid-float8-rowwise grid-titan grid-titan-fp8 (~5 min a row on an
-#                                               H200: two a call); a cell's calls merge with measure_learning.py
-#                                               --report FILES --quality ours-bf16:torchtitan; ROW@N (or GRID_STEPS=N
+#                                               seed GRID_SEED (1), every row from grid-bf16's weights, held-out
+#                                               loss every 100 steps; CORPUS python (40 MB) or prose
+#                                               (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
+#                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
+#                                               grid-titan-fp8 (~5 min a row on an H200: one a call); a cell's calls
+#                                               merge with measure_learning.py --report FILES --quality
+#                                               ours-bf16:torchtitan, the grid's with --decide FILES; ROW@N (or GRID_STEPS=N
 #                                               for every row): a schedule of N steps (the table's "steps at 1.15x":
 #                                               the default's time-to-target run); grid-shipped grid-shipped-blocks
 #                                               grid-shipped-bf16: llama1b.yaml's tied model (float8 with the output
@@ -398,7 +399,7 @@ grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the 
   CELL=$corpus-$lr STEPS=$steps LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
     STOP_BY=$(( ${STOP_BY:-540} - SECONDS )) TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
     LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus \
-    learning 1 "$@"
+    learning "${GRID_SEED:-1}" "$@"
 }
 
 learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from

@@ -15,7 +15,7 @@ corpus left out) every N steps, and with --quality REFERENCE:TARGET the time-to-
 held-out loss beside REFERENCE's at equal tokens (at most 0.5 % above: holds), its tokens and seconds to TARGET's
 final held-out loss, how much sooner than TARGET it gets there, and the steps it trains in TARGET's seconds over 1.15.
 --report merges runs of another --steps as NAME@STEPS (timed to the target, not compared at equal tokens). --decide
-REPORTS applies issue 66's rule to the grid's merged reports (docs/learning.md): the default precision, bf16, or
+REPORTS applies issue 66's rule to the grid's saved runs (docs/learning.md): the default precision, bf16, or
 "none yet" (exit 1) while a recipe lacks a row or a time somewhere.
 """
 import argparse
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--transformers-check', metavar='ROW', help="with --eval-every: transformers' model scores "
                         "the held-out batches again on ours row ROW's trained weights (its first seed, one GPU)")
     parser.add_argument('--decide', nargs='+', metavar='REPORT', help="the default precision by the grid's rule: "
-                        "each cell's merged reports (torchtitan's flavor and the shipped tied 1B), docs/learning.md")
+                        "the grid's saved runs, any number of calls' files of any cells (docs/learning.md)")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     if args.decide:

@@ -420,8 +420,9 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
 
 
 def scheduled(name: str, steps: int, first: dict) -> str:
-    """A row's name in a merged report: NAME@STEPS where its schedule is not the first report's."""
-    return name if steps == first['hyper']['steps'] else f'{name}@{steps}'
+    """A row's name in a merged report: NAME@STEPS where its schedule is not the first report's (a row of a merged
+    report keeps its name)."""
+    return name if steps == first['hyper']['steps'] or name.endswith(f'@{steps}') else f'{name}@{steps}'
 
 
 def renamed(name: str, path: str, renames: list[str]) -> str:
@@ -495,21 +496,44 @@ def report_command(args) -> int:
 
 
 def decide_command(args) -> int:
-    """``scripts/measure_learning.py --decide``: the default precision by issue 66's rule over the grid's reports
-    (a cell's untied and tied reports together); 1 while the grid is incomplete."""
-    cells = {}
+    """``scripts/measure_learning.py --decide``: the default precision by issue 66's rule over the grid's saved runs
+    (any number of calls' JSON files, each cell's merged by its corpus and learning rate); 1 while the grid is
+    incomplete."""
+    by_cell = {}
     for path in args.decide:
         with open(path) as file:
             report = json.load(file)
-        if 'time_to_quality' not in report:
-            print(f'error: {path} has no time-to-quality table: merge it with --report ... --quality', file=sys.stderr)
+        if not report.get('held_out'):
+            print(f'error: {path} has no held-out evaluations: the grid\'s runs are made with --eval-every '
+                  '(gpu.sh grid)', file=sys.stderr)
             return 2
-        cells.setdefault(cell_name(report), []).extend(report['time_to_quality'])
-    decision = decide(cells, speedup=SOONER)
+        by_cell.setdefault(cell_name(report), []).append(path)
+    cells = {cell: held_out_curves(distinct(merge_reports(in_schedule_order(paths), [])['rows']))
+             for cell, paths in by_cell.items()}
+    decision = decide(cells, tolerance=QUALITY_TOLERANCE, speedup=SOONER)
     print(format_decision(decision))
     if args.json:
         write_report(decision, args.json)
     return 0 if decision['decision'] else 1
+
+
+def in_schedule_order(paths: list[str]) -> list[str]:
+    """A cell's files with one of its most common schedule first: the merge names the other schedules' rows
+    NAME@STEPS."""
+    steps = {}
+    for path in paths:
+        with open(path) as file:
+            steps[path] = json.load(file)['hyper']['steps']
+    common = statistics.mode(steps.values())
+    return sorted(paths, key=lambda path: steps[path] != common)
+
+
+def distinct(rows: list[dict]) -> list[dict]:
+    """The rows less repeats (a run given twice: in a merged report and in its own file, counts once)."""
+    seen = {}
+    for row in rows:
+        seen.setdefault(json.dumps(row, sort_keys=True), row)
+    return list(seen.values())
 
 
 def train_command(args) -> int:

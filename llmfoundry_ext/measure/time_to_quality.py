@@ -121,9 +121,9 @@ def format_table(table: list[dict], quality_reference: str, time_reference: str)
 
 
 class Recipe(NamedTuple):
-    """A precision recipe the grid weighs for the default, by its rows' names: on torchtitan's 1B flavor (untied,
-    beside ``ours-bf16``; its time-to-target runs named ``UNTIED@STEPS``) and on the shipped tied 1B (beside
-    ``ours-shipped-bf16``)."""
+    """A precision recipe the grid weighs for the default, by its rows' names: on the shipped tied 1B (beside
+    ``ours-shipped-bf16``; its runs of another schedule ``TIED@STEPS``, timed to the target) and, where the cell ran
+    it, on torchtitan's untied 1B flavor from torchtitan's own weights (beside ``ours-bf16``)."""
     name: str
     untied: str
     tied: str
@@ -131,44 +131,70 @@ class Recipe(NamedTuple):
 
 RECIPES = (Recipe('float8 blocks', 'ours-float8-blocks', 'ours-shipped-float8-blocks'),
            Recipe('float8 blocks and output layer', 'ours-float8', 'ours-shipped'))
+UNTIED_BF16, TIED_BF16, TARGET = 'ours-bf16', 'ours-shipped-bf16', 'torchtitan'  # the rule's reference rows
+GRID = ('prose lr 0.0003', 'prose lr 0.001', 'python lr 0.0003', 'python lr 0.001')  # issue 66: 2 corpora x 2 lrs
 
 
 def cell_name(report: dict) -> str:
-    """'prose lr 0.001': a merged report's corpus (the learning benchmark's file suffix) and learning rate."""
+    """'prose lr 0.001': a report's corpus (the learning benchmark's file suffix) and learning rate."""
     corpus = 'python' if report['data'].get('suffix', '.py') == '.py' else 'prose'
     return f"{corpus} lr {report['hyper']['lr']:g}"
 
 
-def recipe_in_cell(recipe: Recipe, table: list[dict]) -> dict:
-    """The recipe's rows in one cell's time-to-quality tables (untied and tied together): its final gaps at equal
-    tokens, whether both hold (None where a row is missing), and its best speed-up to the target over its runs."""
-    by_name = {entry['name']: entry for entry in table}
-    untied, tied = by_name.get(recipe.untied), by_name.get(recipe.tied)
-    timed = [entry['sooner'] for entry in table if entry['sooner'] is not None
-             and (entry['name'] == recipe.untied or entry['name'].startswith(recipe.untied + '@'))]
-    holds = [row['holds'] for row in (untied, tied) if row is not None]
-    return {'untied_gap': untied and untied['final_gap'], 'tied_gap': tied and tied['final_gap'],
-            'holds': False if False in holds else (True if len(holds) == 2 else None),
-            'sooner': max(timed) if timed else None}
+def final_gap(curves: dict[str, Curve], name: str, reference: str) -> Optional[float]:
+    """``name``'s held-out loss relative to ``reference``'s at the last step both evaluated, where both trained the
+    same schedule; None where either is missing."""
+    row, against = curves.get(name), curves.get(reference)
+    if row is None or against is None or row.steps != against.steps:
+        return None
+    gaps = gaps_at_equal_tokens(row.held_out, against.held_out)
+    return gaps[max(gaps)] if gaps else None
 
 
-def decide(cells: dict[str, list[dict]], recipes: tuple = RECIPES, speedup: float = 1.15) -> dict:
-    """Issue 66's rule over the grid's cells (name -> its time-to-quality tables' rows): the recipe with the shortest
-    wall-clock to the target (its smallest speed-up over the cells, largest) among those that hold bf16's held-out
-    loss in every cell, tied and untied; bf16 when none holds; None (incomplete) while a recipe that has not failed
-    lacks a row or a time somewhere."""
-    weighed = {recipe.name: {cell: recipe_in_cell(recipe, table) for cell, table in cells.items()}
+def speedup_to_target(curves: dict[str, Curve], name: str) -> Optional[float]:
+    """The best over ``name``'s runs (``name`` and ``name@STEPS``) of TARGET's seconds to its own final held-out
+    loss over the run's seconds to it; None where TARGET or every run of ``name`` is missing or short of it."""
+    if TARGET not in curves:
+        return None
+    target = curves[TARGET].held_out[-1].mean
+    theirs = seconds_to_target(curves[TARGET], target)
+    ours = [seconds_to_target(curve, target) for run, curve in curves.items()
+            if run == name or run.startswith(name + '@')]
+    return max((theirs / seconds for seconds in ours if seconds), default=None)
+
+
+def recipe_in_cell(recipe: Recipe, curves: dict[str, Curve], tolerance: float) -> dict:
+    """The recipe in one cell (row name -> its curve over the cell's runs): its final gaps at equal tokens to bf16
+    (untied: where the cell ran it), whether they hold (None without the tied row; a gap over the tolerance anywhere
+    fails) and the shipped tied model's speed-up to the target."""
+    untied, tied = final_gap(curves, recipe.untied, UNTIED_BF16), final_gap(curves, recipe.tied, TIED_BF16)
+    over = [gap > tolerance for gap in (untied, tied) if gap is not None]
+    return {'untied_gap': untied, 'tied_gap': tied,
+            'holds': False if any(over) else (None if tied is None else True),
+            'sooner': speedup_to_target(curves, recipe.tied)}
+
+
+def decide(cells: dict[str, dict[str, Curve]], recipes: tuple = RECIPES, tolerance: float = 0.005,
+           speedup: float = 1.15, grid: tuple = GRID) -> dict:
+    """Issue 66's rule over the grid's cells (name -> row name -> curve; a grid cell not given counts as run with no
+    rows): the recipe with the shortest wall-clock to the target (its smallest speed-up over the cells, largest) among
+    those that hold bf16's held-out loss in every cell; bf16 when none holds; None (incomplete) while a recipe that
+    has not failed lacks its tied row or a time somewhere."""
+    names = sorted(set(grid) | set(cells))
+    weighed = {recipe.name: {cell: recipe_in_cell(recipe, cells.get(cell, {}), tolerance) for cell in names}
                for recipe in recipes}
     failed = {name for name, by_cell in weighed.items() if any(c['holds'] is False for c in by_cell.values())}
-    open_ = [name for name in weighed if name not in failed and any(
-        c['holds'] is None or c['sooner'] is None for c in weighed[name].values())]
-    if open_:
-        decision, why = None, f"incomplete: {', '.join(open_)} lacks a row or a time to the target in some cell"
+    holding = [name for name in weighed if name not in failed]
+    missing = {name: [cell for cell, c in weighed[name].items() if c['holds'] is None or c['sooner'] is None]
+               for name in holding}
+    if any(missing.values()):
+        decision = None
+        why = 'incomplete: ' + '; '.join(f"{name} lacks its tied row or a time to the target in {', '.join(cells_)}"
+                                         for name, cells_ in missing.items() if cells_)
     elif len(failed) == len(weighed):
         decision, why = 'bf16', 'every recipe ends above bf16 by more than the tolerance in some cell'
     else:
-        decision = max((name for name in weighed if name not in failed),
-                       key=lambda name: min(c['sooner'] for c in weighed[name].values()))
+        decision = max(holding, key=lambda name: min(c['sooner'] for c in weighed[name].values()))
         slowest = min(c['sooner'] for c in weighed[decision].values())
         why = (f'holds in every cell; its slowest cell {slowest:.2f}x sooner than the target row '
                f"({'at least' if slowest >= speedup else 'under'} {speedup:g}x)")
@@ -176,8 +202,8 @@ def decide(cells: dict[str, list[dict]], recipes: tuple = RECIPES, speedup: floa
 
 
 def format_decision(decision: dict) -> str:
-    """A line a recipe: each cell's gaps at equal tokens (untied / the tied shipped 1B) and speed-up to the target,
-    then the decision."""
+    """A line a recipe: each cell's gaps at equal tokens (untied / the tied shipped 1B) and the shipped model's
+    speed-up to the target, then the decision."""
     cells = sorted(next(iter(decision['recipes'].values())))
     lines = [f"{'recipe':<32}" + ''.join(f'{cell:>30}' for cell in cells)]
     for name, by_cell in decision['recipes'].items():

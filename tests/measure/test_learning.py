@@ -52,36 +52,47 @@ def test_merged_reports_join_renamed_rows_of_the_files_named(tmp_path):
     assert merged['verdicts'][0]['holds'] and merged['verdicts'][0]['final_ours'] == 2.0
 
 
-def test_decide_reads_each_cells_reports_and_says_when_the_grid_is_incomplete(tmp_path, capsys):
-    """Two prose reports of one cell (torchtitan's flavor, merged with the timed run; the shipped tied 1B): float8
-    with the output layer fails on the tied model, blocks-only holds but has no timed run yet."""
+def test_decide_merges_the_grids_runs_by_cell_counts_a_run_once_and_refuses_a_file_without_held_out(tmp_path,
+                                                                                                       capsys):
+    """The runs of the prose lr 1e-3 cell as several calls saved them (one given again in a merged report), the
+    tied blocks row's second run averaged with its first, and the grid's other cells missing."""
     from scripts.measure_learning import main
-    from tests.measure.test_time_to_quality import entry
 
-    def report(name, table):
+    def runs(name, steps, rows, suffix='.rst.txt'):
+        report = learning.build_report(Hyper(steps=steps, lr=1e-3, eval_every=200), 2, {'suffix': suffix}, [
+            {'name': row, 'seed': 1, 'losses': [4.0, 3.0], 'held_out': [[200, 2.2], [steps, final]],
+             'tokens_per_step': 1000, 'tokens_per_second_per_gpu': speed, 'gpus': 1}
+            for row, final, speed in rows], [])
         path = tmp_path / name
-        path.write_text(json.dumps({'data': {'suffix': '.rst.txt'}, 'hyper': {'lr': 0.001},
-                                    'time_to_quality': table}))
+        path.write_text(json.dumps(report))
         return str(path)
 
-    untied = report('untied.json', [entry('ours-bf16', 0.0), entry('ours-float8-blocks', -0.0014),
-                                    entry('ours-float8', -0.0008), entry('ours-float8@441', None, 1.19)])
-    tied = report('tied.json', [entry('ours-shipped-bf16', 0.0), entry('ours-shipped', 0.0326),
-                                entry('ours-shipped-float8-blocks', 0.001)])
-    assert main(['--decide', untied, tied, '--json', str(tmp_path / 'decision.json')]) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        'decision: none yet (incomplete: float8 blocks lacks a row or a time to the target in some cell)')
-    assert json.loads((tmp_path / 'decision.json').read_text())['failed'] == ['float8 blocks and output layer']
-    timed = report('timed.json', [entry('ours-float8-blocks@412', None, 1.16)])
-    assert main(['--decide', untied, tied, timed]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == (
-        'decision: float8 blocks (holds in every cell; its slowest cell 1.16x sooner than the target row (at least '
-        '1.15x))')
+    bf16 = runs('bf16.json', 400, [('ours-shipped-bf16', 2.0, 1100.0), ('torchtitan', 2.1, 1000.0)])
+    blocks = runs('blocks.json', 400, [('ours-shipped-float8-blocks', 2.002, 1600.0),
+                                       ('ours-shipped', 2.1, 2000.0)])
+    again = runs('again.json', 400, [('ours-shipped-float8-blocks', 2.006, 1600.0)])
+    merged = tmp_path / 'merged.json'
+    merged.write_text(json.dumps(learning.merge_reports([bf16, blocks], [])))
+    python = runs('python.json', 400, [('ours-shipped-bf16', 2.0, 1100.0)], suffix='.py')
+    decision_json = str(tmp_path / 'decision.json')
+    assert main(['--decide', bf16, blocks, str(merged), again, python, '--json', decision_json]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2:] == [
+        'float8 blocks and output layer                       - / - / -            - / +5.00% / 2.00x'
+        '                     - / - / -                     - / - / -',
+        'decision: none yet (incomplete: float8 blocks lacks its tied row or a time to the target in prose lr 0.0003,'
+        ' python lr 0.0003, python lr 0.001)']
+    with open(decision_json) as file:
+        decision = json.load(file)
+    blocks_here = decision['recipes']['float8 blocks']['prose lr 0.001']
+    assert blocks_here['tied_gap'] == pytest.approx(0.002, rel=1e-9)  # the mean of 2.002 and 2.006 beside 2.0
+    assert blocks_here['sooner'] == pytest.approx(400 / ((200 + 200 * 0.1 / 0.196) * 1000 / 1600), rel=1e-12)
+    assert decision['failed'] == ['float8 blocks and output layer']
     bare = tmp_path / 'bare.json'
     bare.write_text(json.dumps({'data': {}, 'hyper': {'lr': 0.001}}))
-    assert main(['--decide', str(bare)]) == 2
+    assert main(['--decide', bf16, str(bare)]) == 2
     assert capsys.readouterr().err.strip() == (
-        f'error: {bare} has no time-to-quality table: merge it with --report ... --quality')
+        f"error: {bare} has no held-out evaluations: the grid's runs are made with --eval-every (gpu.sh grid)")
 
 
 def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(tmp_path):

@@ -89,50 +89,83 @@ def test_a_row_that_never_reaches_the_target_says_so():
         '             234')
 
 
-def entry(name: str, gap: float | None, sooner: float | None = None) -> dict:
-    """A time-to-quality table's row as the decision reads it (the gap against its table's bf16 reference)."""
-    return {'name': name, 'final_gap': gap, 'holds': None if gap is None else gap <= 0.005, 'sooner': sooner}
+def cell(blocks: float | None, output: float | None, blocks_untied: float | None = None,
+         timed: tuple[int, float] | None = None, titan: float = 2.1) -> dict[str, Curve]:
+    """One cell's curves, 1,000 tokens a step: bf16 (tied and untied) and torchtitan at 2.2 at step 200, then bf16
+    2.0 and torchtitan ``titan`` at step 400 (the target: 400 s at 1,000 tokens/s); each recipe's tied row ends at the
+    final loss given (None: not run), at 1,600 tokens/s (blocks) and 2,000 (blocks and output layer); ``timed``: the
+    tied blocks row's run of another schedule (its steps and final loss)."""
+    def row(name, final, tokens_per_second, steps=400):
+        return Curve(name, means((200, 2.2), (steps, final)), 1000, tokens_per_second, steps)
+
+    rows = [row('ours-bf16', 2.0, 1100.0), row('ours-shipped-bf16', 2.0, 1100.0), row('torchtitan', titan, 1000.0)]
+    for name, final, speed in (('ours-shipped-float8-blocks', blocks, 1600.0), ('ours-shipped', output, 2000.0),
+                               ('ours-float8-blocks', blocks_untied, 1600.0)):
+        if final is not None:
+            rows.append(row(name, final, speed))
+    if timed:
+        rows.append(row(f'ours-shipped-float8-blocks@{timed[0]}', timed[1], 1600.0, timed[0]))
+    return {curve.name: curve for curve in rows}
 
 
-def cell(blocks_gap, blocks_tied_gap, blocks_sooner, output_gap, output_tied_gap, output_sooner) -> list[dict]:
-    """One cell's untied and tied tables together: each recipe's equal-token rows, its time-to-target run."""
-    rows = [entry('ours-bf16', 0.0), entry('torchtitan', -0.003, 1.0), entry('ours-shipped-bf16', 0.0)]
-    for untied, tied, gap, tied_gap, sooner in (('ours-float8-blocks', 'ours-shipped-float8-blocks', blocks_gap,
-                                                 blocks_tied_gap, blocks_sooner),
-                                                ('ours-float8', 'ours-shipped', output_gap, output_tied_gap,
-                                                 output_sooner)):
-        rows += [entry(untied, gap), entry(tied, tied_gap)]
-        if sooner is not None:
-            rows.append(entry(f'{untied}@412', None, sooner))  # the timed run: another schedule, no gap
-    return rows
+def seconds_to_two_point_one(final: float, tokens_per_second: float) -> float:
+    """A cell row's seconds to the target: 2.2 at step 200 down to ``final`` at step 400, linear in tokens."""
+    return (200 + 200 * 0.1 / (2.2 - final)) * 1000 / tokens_per_second
 
 
-def test_the_default_is_the_fastest_recipe_that_holds_in_every_cell_tied_and_untied():
-    cells = {'prose lr 0.001': cell(-0.0014, 0.002, 1.17, -0.0008, 0.0326, 1.19),
-             'python lr 0.0003': cell(0.004, -0.001, 1.21, 0.001, 0.0, 1.30)}
-    decision = decide(cells)
+def grid(**cells) -> dict[str, dict[str, Curve]]:
+    """Every grid cell like prose lr 0.001 but where ``cells`` (python_1e_3=...) says otherwise."""
+    names = {'prose_3e_4': 'prose lr 0.0003', 'prose_1e_3': 'prose lr 0.001', 'python_3e_4': 'python lr 0.0003',
+             'python_1e_3': 'python lr 0.001'}
+    return {name: cells.get(key, cell(2.004, 2.1)) for key, name in names.items()}
+
+
+def test_the_default_is_the_fastest_recipe_that_holds_in_every_cell_of_the_grid():
+    decision = decide(grid(python_1e_3=cell(1.99, 2.0, blocks_untied=2.009)))
     assert (decision['decision'], decision['failed']) == ('float8 blocks', ['float8 blocks and output layer'])
-    assert decision['why'] == 'holds in every cell; its slowest cell 1.17x sooner than the target row (at least 1.15x)'
+    by_cell = decision['recipes']['float8 blocks']
+    assert by_cell['prose lr 0.001']['tied_gap'] == pytest.approx(0.002, rel=1e-9)  # 2.004 beside 2.0
+    assert by_cell['prose lr 0.001']['sooner'] == pytest.approx(400 / seconds_to_two_point_one(2.004, 1600), rel=1e-12)
+    assert by_cell['python lr 0.001']['sooner'] == pytest.approx(400 / seconds_to_two_point_one(1.99, 1600), rel=1e-12)
+    assert decision['why'] == 'holds in every cell; its slowest cell 2.12x sooner than the target row (at least 1.15x)'
     assert format_decision(decision).splitlines() == [
-        'recipe                                          prose lr 0.001              python lr 0.0003',
-        'float8 blocks                          -0.14% / +0.20% / 1.17x       +0.40% / -0.10% / 1.21x',
-        'float8 blocks and output layer         -0.08% / +3.26% / 1.19x       +0.10% / +0.00% / 1.30x',
-        'decision: float8 blocks (holds in every cell; its slowest cell 1.17x sooner than the target row (at least '
+        'recipe                                         prose lr 0.0003                prose lr 0.001'
+        '              python lr 0.0003               python lr 0.001',
+        'float8 blocks                               - / +0.20% / 2.12x            - / +0.20% / 2.12x'
+        '            - / +0.20% / 2.12x       +0.45% / -0.50% / 2.17x',
+        'float8 blocks and output layer              - / +5.00% / 2.00x            - / +5.00% / 2.00x'
+        '            - / +5.00% / 2.00x            - / +0.00% / 2.67x',
+        'decision: float8 blocks (holds in every cell; its slowest cell 2.12x sooner than the target row (at least '
         '1.15x))']
-    both_hold = decide({'prose lr 0.001': cell(0.0, 0.0, 1.12, 0.0, 0.0, 1.14)})
+    both_hold = decide({'prose lr 0.001': cell(2.004, 2.0)}, grid=('prose lr 0.001',))
     assert both_hold['decision'] == 'float8 blocks and output layer'  # the larger of the two slowest speed-ups
-    assert both_hold['why'].endswith('1.14x sooner than the target row (under 1.15x)')
+    assert both_hold['why'] == 'holds in every cell; its slowest cell 2.67x sooner than the target row (at least 1.15x)'
 
 
-def test_bf16_is_the_default_when_no_recipe_holds_and_a_missing_row_leaves_it_undecided():
-    failing = decide({'prose lr 0.001': cell(0.006, 0.0, 1.2, 0.0, 0.0326, 1.19)})
-    assert (failing['decision'], failing['why']) == (
+def test_an_untied_gap_over_the_tolerance_fails_the_recipe_and_none_holding_leaves_bf16():
+    untied_over = decide(grid(prose_3e_4=cell(2.004, 2.0, blocks_untied=2.0102)))
+    assert untied_over['recipes']['float8 blocks']['prose lr 0.0003']['holds'] is False  # +0.51 % untied
+    assert (untied_over['decision'], untied_over['why']) == (
         'bf16', 'every recipe ends above bf16 by more than the tolerance in some cell')
-    missing = decide({'prose lr 0.001': cell(-0.0014, None, None, -0.0008, 0.0326, 1.19)})
-    assert (missing['decision'], missing['why']) == (
-        None, 'incomplete: float8 blocks lacks a row or a time to the target in some cell')
-    untimed = decide({'prose lr 0.001': cell(-0.0014, 0.001, None, -0.0008, 0.0326, 1.19)})
-    assert untimed['decision'] is None and untimed['recipes']['float8 blocks']['prose lr 0.001']['holds'] is True
+
+
+def test_a_missing_cell_row_or_time_leaves_the_default_undecided():
+    missing_cells = decide({'prose lr 0.001': cell(2.004, 2.1)})
+    assert (missing_cells['decision'], missing_cells['why']) == (
+        None, 'incomplete: float8 blocks lacks its tied row or a time to the target in prose lr 0.0003, '
+              'python lr 0.0003, python lr 0.001')
+    no_tied_row = decide(grid(python_3e_4=cell(None, 2.1, blocks_untied=2.0)))
+    assert no_tied_row['why'] == ('incomplete: float8 blocks lacks its tied row or a time to the target in '
+                                  'python lr 0.0003')
+    below_everyone = cell(2.004, 2.1, titan=1.99)  # holds, but ends above torchtitan's 1.99: not timed
+    untimed = decide(grid(prose_1e_3=below_everyone))
+    assert untimed['decision'] is None and untimed['recipes']['float8 blocks']['prose lr 0.001'] == {
+        'untied_gap': None, 'tied_gap': pytest.approx(0.002, rel=1e-9), 'holds': True, 'sooner': None}
+    timed = decide(grid(prose_1e_3=cell(2.004, 2.1, titan=1.99, timed=(440, 1.98))))
+    # the 440-step run reaches 1.99 at step 200 + 240 x 0.21 / 0.22, at 1,600 tokens/s; torchtitan takes 400 s
+    assert timed['recipes']['float8 blocks']['prose lr 0.001']['sooner'] == pytest.approx(
+        400 / ((200 + 240 * 0.21 / 0.22) * 1000 / 1600), rel=1e-12)
+    assert timed['decision'] == 'float8 blocks'
 
 
 def test_a_cell_is_named_by_its_corpus_and_learning_rate():
