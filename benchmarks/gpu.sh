@@ -138,6 +138,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 GPUS=$(nvidia-smi -L | wc -l)
 python3 -c "import torch, composer, streaming; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), \
 'x', torch.cuda.device_count(), '| composer', composer.__version__, '| streaming', streaming.__version__)"
+echo "installed and imported in $SECONDS s"
 
 SHIPPED=tests/test_shipped_yamls_gpu.py::test_shipped_yaml_trains_on_the_gpus_and_checkpoints
 CHECKPOINTING=tests/test_parallelism_gpu.py::test_checkpointing_modes_match_the_model_without_checkpointing

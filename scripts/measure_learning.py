@@ -22,7 +22,7 @@ import argparse
 import site
 import sys
 
-from llmfoundry_ext.measure.learning import decide_command, report_command, train_command
+from llmfoundry_ext.measure.learning import UnmergeableRuns, decide_command, report_command, train_command
 
 
 def main(argv: list[str]) -> int:
@@ -63,10 +63,14 @@ def main(argv: list[str]) -> int:
                         "the grid's saved runs, any number of calls' files of any cells (docs/learning.md)")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
-    if args.decide:
-        return decide_command(args)
-    if args.report:
-        return report_command(args)
+    try:
+        if args.decide:
+            return decide_command(args)
+        if args.report:
+            return report_command(args)
+    except UnmergeableRuns as error:
+        print(f'error: {error}', file=sys.stderr)
+        return 2
     if not args.row:
         parser.error('give at least one --row, or --report FILES')
     return train_command(args)

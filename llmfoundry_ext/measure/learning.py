@@ -320,11 +320,14 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
     """One row on one seed, in its own processes (``benchmark.run_row``): its per-step losses and tokens/s."""
     warmup = min(5, plan.hyper.steps - 1)
     write_yaml = lambda row, folder: our_run_yaml(row, folder, data, plan.hyper, seed)
+    drawing = 0.0
     if plan.shared_init:
         weights = os.path.join(work, f'init-{plan.shared_init.name}-seed{seed}')
         if not os.path.isdir(weights):  # drawn once a seed and model, by the first of its rows
+            begun = time.monotonic()
             os.makedirs(f'{weights}-run', exist_ok=True)
             write_shared_init(write_yaml(plan.shared_init, f'{weights}-run'), seed, weights)
+            drawing = time.monotonic() - begun
         row = starting_from(row, weights)
     if row.model == 'torchtitan':
         row = torchtitan_row(row, plan.hyper, seed, data)
@@ -332,7 +335,7 @@ def train_row(plan: Plan, row: Row, seed: int, data: dict, folder: str, work: st
     export = os.path.join(folder, 'export') if checked else None
     result = run_row(BENCHMARK_SCRIPT, row, plan.gpus, warmup, plan.hyper.steps - warmup, folder, write_yaml, export)
     return {**result, 'seed': seed, 'steps': plan.hyper.steps, **({'export': export} if checked else {}),
-            'shared_init': plan.shared_init and str(plan.shared_init)}
+            'shared_init': plan.shared_init and str(plan.shared_init), 'drawing_seconds': drawing}
 
 
 def transformers_check(results: list[dict]) -> dict | None:
@@ -359,7 +362,8 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
     evaluations and ``quality`` ('REFERENCE:TARGET'), the time-to-quality table; the JSON is rewritten after every
     row, so a run cut short keeps what finished. With ``plan.stop_by`` (a device call's limit), a row that would end
     after it, were it as long as the longest so far, is not begun: a row cut by the call's limit is device time
-    lost."""
+    lost: the longest row counts without the drawing of its shared weights, which a later row of the same weights
+    skips."""
     results, longest = [], 0.0
     for seed, row in plan.runs():
         left = plan.stop_by - (time.monotonic() - plan.started) if plan.stop_by else None
@@ -371,11 +375,13 @@ def run(plan: Plan, data: dict, work: str, versus: list[str], json_path: str | N
         shutil.rmtree(folder, ignore_errors=True)
         begun = time.monotonic()
         result = train_row(plan, row, seed, data, folder, work)
-        longest = max(longest, time.monotonic() - begun)
+        seconds, drawing = time.monotonic() - begun, result.get('drawing_seconds', 0.0)
+        longest = max(longest, seconds - drawing)
         results.append(result)
         last = statistics.fmean(result['losses'][-plan.width:]) if 'losses' in result else None
         print(f'=== {row.name} seed {seed}: ' + (f"last {plan.width} steps {last:.4f}, "
-              f"{result['tokens_per_second_per_gpu']:,.0f} tokens/s/GPU" if last else result.get('error', '')),
+              f"{result['tokens_per_second_per_gpu']:,.0f} tokens/s/GPU" if last else result.get('error', ''))
+              + f', {seconds:.0f} s' + (f' (its shared weights drawn in {drawing:.0f} s)' if drawing else ''),
               flush=True)
         report = build_report(plan.hyper, plan.width, data, results, versus, quality)
         if json_path:
@@ -408,8 +414,11 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
     first = reports[0]
     for path, report in zip(paths, reports):
         if ({**report['hyper'], 'steps': 0}, report['width']) != ({**first['hyper'], 'steps': 0}, first['width']):
-            raise ValueError(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
+            raise UnmergeableRuns(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
                              f"{first['hyper']}, window {first['width']}")
+        if corpus_of(report) != corpus_of(first):
+            raise UnmergeableRuns(f'{path}: trained and evaluated on {corpus_of(report)}; {paths[0]}: {corpus_of(first)} '
+                             '(another corpus: the Python one is the machine\'s installed packages)')
     rows = [{**row, 'steps': report['hyper']['steps'], 'name': scheduled(renamed(row['name'], path, renames),
                                                                           report['hyper']['steps'], first)}
             for path, report in zip(paths, reports) for row in report['rows']]
@@ -417,6 +426,18 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
                           first['data'], rows, versus, quality)
     checks = [check for report in reports for check in report.get('transformers_check', [])]
     return merged | ({'transformers_check': checks} if checks else {})
+
+
+class UnmergeableRuns(ValueError):
+    """Saved runs that cannot be compared: another hyper-parameter, window or corpus."""
+
+
+CORPUS_KEYS = ('documents', 'tokens', 'held_out_documents', 'held_out_tokens')  # what tells two corpora apart
+
+
+def corpus_of(report: dict) -> dict:
+    """The sizes of a report's corpus and held-out documents: runs compared at equal tokens must share them."""
+    return {key: report['data'].get(key) for key in CORPUS_KEYS}
 
 
 def scheduled(name: str, steps: int, first: dict) -> str:
@@ -544,9 +565,10 @@ def train_command(args) -> int:
                 args.shared_init and Row.parse(args.shared_init), args.stop_by, args.transformers_check)
     with tempfile.TemporaryDirectory() as scratch:
         work = args.work or scratch
+        begun = time.monotonic()
         data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix,
                             held_out_megabytes=args.held_out_mb if args.eval_every else 0.0)
-        print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens",
-              flush=True)
+        print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens "
+              f"({time.monotonic() - begun:.0f} s)", flush=True)
         report = run(plan, data, work, args.versus, args.json, args.quality)
     return 0 if all(checked['holds'] for checked in report['verdicts']) else 1

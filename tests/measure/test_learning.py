@@ -125,25 +125,44 @@ def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(
     assert table['bf16']['steps_in_time'] == 4  # torchtitan's 0.5 s over 1.15 at 100 tokens/s: 43 tokens
     other_lr = tmp_path / 'lr.json'
     other_lr.write_text(json.dumps(learning.build_report(Hyper(steps=4, lr=1e-3, eval_every=2), 2, {}, [], [])))
-    with pytest.raises(ValueError, match=r"lr.json: trained with .*'lr': 0.001"):
+    with pytest.raises(learning.UnmergeableRuns, match=r"lr.json: trained with .*'lr': 0.001"):
         learning.merge_reports([cell, str(other_lr)], [])
 
 
+def test_runs_on_another_corpus_are_not_merged_and_the_command_says_so_in_one_line(tmp_path, capsys):
+    """The Python corpus is the machine's installed packages: a run on another machine may have read another one."""
+    from scripts.measure_learning import main
+    paths = []
+    for name, documents in (('here.json', 9850), ('there.json', 9851)):
+        path = tmp_path / name
+        path.write_text(json.dumps(learning.build_report(Hyper(steps=4), 2, {'documents': documents, 'tokens': 5}, [],
+                                                         [])))
+        paths.append(str(path))
+    assert main(['--report', *paths]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {paths[1]}: trained and evaluated on {{'documents': 9851, 'tokens': 5, 'held_out_documents': None, "
+        f"'held_out_tokens': None}}; {paths[0]}: {{'documents': 9850, 'tokens': 5, 'held_out_documents': None, "
+        "'held_out_tokens': None} (another corpus: the Python one is the machine's installed packages)")
+
+
 def test_a_row_that_would_outlast_the_calls_limit_is_not_begun(monkeypatch, capsys):
-    """--stop-by 300: rows of 100 and 150 s; the third would end at 250 + 150 s, past 300: neither it nor the fourth
-    begins, and the report holds the two that ran."""
-    clock = iter([0.0, 0.0, 100.0, 100.0, 100.0, 250.0, 250.0, 250.0])
+    """--stop-by 300: row a takes 200 s, 100 of them drawing the shared weights (which a later row of the same
+    weights skips), so b (100 s left) begins and ends at 290; c and d, as long as 100 s, would end past 300."""
+    clock = iter([0.0, 0.0, 200.0, 200.0, 200.0, 290.0, 290.0, 290.0])
     monkeypatch.setattr(learning.time, 'monotonic', lambda: next(clock))
     monkeypatch.setattr(learning, 'train_row', lambda plan, row, seed, data, folder, work: {
-        'name': row.name, 'seed': seed, 'losses': [3.0, 2.0], 'tokens_per_second_per_gpu': 1.0, 'gpus': 1})
+        'name': row.name, 'seed': seed, 'losses': [3.0, 2.0], 'tokens_per_second_per_gpu': 1.0, 'gpus': 1,
+        'drawing_seconds': 100.0 if row.name == 'a' else 0.0})
     plan = Plan([Row.parse(f'{name} yamls/demo.yaml') for name in 'abcd'], seeds=[1], width=2, stop_by=300,
                 started=0.0)
     report = learning.run(plan, {}, '/nonexistent', [], None)
     assert [row['name'] for row in report['rows']] == ['a', 'b']
-    lines = capsys.readouterr().out.splitlines()
-    assert [line for line in lines if 'not begun' in line] == [
-        f'=== {name} seed 1: not begun: the longest row so far took 150 s, 50 s are left of --stop-by 300'
-        for name in 'cd']
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('===')]
+    assert lines == [
+        '=== a seed 1: last 2 steps 2.5000, 1 tokens/s/GPU, 200 s (its shared weights drawn in 100 s)',
+        '=== b seed 1: last 2 steps 2.5000, 1 tokens/s/GPU, 90 s',
+        *(f'=== {name} seed 1: not begun: the longest row so far took 100 s, 10 s are left of --stop-by 300'
+          for name in 'cd')]
 
 
 def source_tree(root) -> str:
