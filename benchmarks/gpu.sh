@@ -57,6 +57,9 @@
 #                                               of 4,096 tokens a GPU: predicted peak memory and tokens/s beside the
 #                                               measured at six settings (micro-batch 1/2/4, checkpointing), the auto
 #                                               choice, and transformers' MixtralForCausalLM at micro-batch 4
+#   bash benchmarks/gpu.sh float8-mixtral [LAYERS]  the GPUs present: Mixtral-8x7B width, LAYERS layers (2), 4 samples
+#                                               of 4,096 tokens a GPU on auto settings: bf16, float8 on the blocks,
+#                                               and float8 on the experts' grouped GEMMs too (model.float8_experts)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/measure_speed.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/measure_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
@@ -584,6 +587,14 @@ case "${1:-}" in
     done
     python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/plan-mixtral.json" "${rows[@]}" \
       --row "auto $Y $M=auto $A=auto $R=auto" --row "hf-mb4 hf:$Y $M=4 $A=none" --versus auto:hf-mb4 ;;
+  float8-mixtral)  # [LAYERS] the GPUs present, Mixtral-8x7B width with LAYERS layers (default 2), 4 samples of 4,096
+    # tokens a GPU, the settings auto takes: bf16, float8 on the blocks' linears, and on the experts' grouped GEMMs too
+    Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=${2:-2} fit_check=false"
+    A="device_microbatch_size=auto parallelism.fsdp.activation_checkpointing=auto"
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/float8-mixtral.json" \
+      --row "bf16 $Y $A model.float8=false" --row "float8 $Y $A model.float8=true" \
+      --row "float8-experts $Y $A model.float8=true model.float8_experts=true" \
+      --versus float8:bf16 --versus float8-experts:bf16 ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;

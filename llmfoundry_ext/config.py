@@ -55,6 +55,8 @@ class ModelConfig(KernelConfig):
     float8_output: bool = False      # with float8 and compile: the output layer's GEMMs in float8 too (faster; held-out
     #                                  loss +3.3 % on the tied 1B: benchmarks/time-to-quality_h200_2026-11-29.md);
     #                                  not with fused_kernels [cross_entropy]
+    float8_experts: bool = False     # with float8, a mixture of experts: the experts' grouped GEMMs in float8 too
+    #                                  (torchao's rowwise float8 grouped GEMM; held-out loss not measured yet)
 
     @property
     def float8_output_layer(self) -> bool:
@@ -65,6 +67,11 @@ class ModelConfig(KernelConfig):
         """Whether the output layer's GEMMs run in float8 where the blocks' do (``float8``): the run plan asks it of
         each setting it weighs, before ``model.float8: auto`` is settled."""
         return float8 and self.float8_output and self.compile and not self.fused_loss
+
+    @property
+    def experts_in_float8(self) -> bool:
+        """The experts' grouped GEMMs run in float8 (``parallelism.convert_experts_to_float8``)."""
+        return self.float8 is True and self.float8_experts
 
     def family_entry(self) -> Family:
         return FAMILIES[self.family]
@@ -541,6 +548,21 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
     if isinstance(model, MixtralConfig) and model.experts_per_token > model.n_experts:
         raise ConfigError(f'model.experts_per_token: {model.experts_per_token} is not between 1 and model.n_experts '
                           f'{model.n_experts}')
+    check_float8_experts(model)
+
+
+def check_float8_experts(model: ModelConfig) -> None:
+    """``model.float8_experts`` asks for a mixture of experts, float8, and the shapes torchao's grouped GEMM takes."""
+    if not model.float8_experts:
+        return
+    if not isinstance(model, MixtralConfig):
+        raise ConfigError(f'model.float8_experts: model.family {model.family} has no experts; remove it or use a '
+                          'mixture of experts (model.family mixtral)')
+    if model.float8 is False:
+        raise ConfigError('model.float8_experts: needs model.float8 (true or auto); set both, or neither')
+    if model.dim % 16 or model.ffn_dim % 16:
+        raise ConfigError(f'model.float8_experts: float8 grouped GEMMs need model.dim ({model.dim}) and '
+                          f'model.ffn_dim ({model.ffn_dim}) divisible by 16')
 
 
 def check_compiled_experts(config: TrainConfig) -> None:

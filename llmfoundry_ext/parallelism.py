@@ -30,6 +30,7 @@ from llmfoundry_ext.callbacks.float8_scales import Float8ScalePrecompute
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.model.attention import attention_mask
 from llmfoundry_ext.model.llama import Transformer
+from llmfoundry_ext.model.mixtral import GroupedExperts
 
 # The attention kernels' ops (SDPA's, on GPUs and the CPU, and varlen's; flex's higher-order op, and compiled code,
 # which inside an eager block is flex's compiled kernel). Under context parallelism the SDPA op is the ring: keeping
@@ -41,8 +42,8 @@ ATTENTION_OPS = ('aten._scaled_dot_product_efficient_attention.default',
                  'aten._scaled_dot_product_flash_attention_for_cpu.default', 'torch_attn._varlen_attn.default')
 ATTENTION_HIGHER_ORDER_OPS = ('flex_attention', 'inductor_compiled_code')
 # Selective checkpointing keeps these ops' outputs and recomputes the rest (norms, RoPE, SwiGLU, casts):
-# torchtitan's list, with the experts' grouped GEMMs. Every second matmul is recomputed too (``selective_recompute``).
-SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', *ATTENTION_OPS,
+# torchtitan's list, with the experts' grouped GEMMs (bf16 and float8). Every second matmul is recomputed too (``selective_recompute``).
+SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', 'aten._scaled_grouped_mm.default', *ATTENTION_OPS,
              '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default')
 
 
@@ -59,6 +60,8 @@ def parallelize(transformer: Transformer, config: TrainConfig, context_parallel:
         convert_to_float8(transformer, config.model.float8_recipe, fp8_all_gather)
         if config.model.float8_output_layer:
             transformer.lm_head.float8_matmul = compiled_float8_matmul(transformer.lm_head, config.model.float8_recipe)
+        if config.model.experts_in_float8:
+            convert_experts_to_float8(transformer.layers)
         if fp8_all_gather:
             callbacks.append(Float8ScalePrecompute())
     fsdp = config.parallelism.fsdp
@@ -197,6 +200,23 @@ def convert_to_float8(transformer: Transformer, recipe: str, fp8_all_gather: boo
     convert_to_float8_training(layers, config=config, module_filter_fn=float8_eligible)
     for name, std in init_stds.items():  # the swapped-in Float8Linear modules keep the depth-scaled init
         layers.get_submodule(name).init_std = std
+
+
+FLOAT8_GROUP_ALIGNMENT = 16  # rows: torchao's float8 grouped GEMM takes each expert's group in multiples of 16
+
+
+def convert_experts_to_float8(model: torch.nn.Module) -> None:
+    """torchao's rowwise float8 grouped GEMMs for ``model``'s experts (``model.float8_experts``, torchtitan's
+    ``quantize.grouped_mm.float8``): each expert weight wrapped in torchao's training tensor, whose grouped GEMMs
+    quantize both operands as they run; each expert's group of rows padded to the multiple of 16 that its kernel
+    takes (``GroupedExperts.group_alignment``)."""
+    from torchao.prototype.moe_training.config import Float8TrainingOpConfig
+    from torchao.quantization import quantize_
+
+    quantize_(model, Float8TrainingOpConfig(), filter_fn=lambda module, name: isinstance(module, GroupedExperts))
+    for module in model.modules():
+        if isinstance(module, GroupedExperts):
+            module.group_alignment = FLOAT8_GROUP_ALIGNMENT
 
 
 def float8_linear_config(recipe: str, fp8_all_gather: bool = False):

@@ -215,12 +215,15 @@ FLOAT8_HELD_OUT = 'benchmarks/time-to-quality_h200_2026-11-29.md'  # float8's he
 
 
 def float8_text(model) -> str:
-    """', float8 tensorwise (blocks; held-out loss: REPORT)' in the start summary: the recipe and
-    the measurement of what it costs; '' without float8."""
+    """', float8 tensorwise (blocks; held-out loss: REPORT)' in the start summary: the recipe, what it covers
+    (blocks, experts, output layer) and the measurement of what it costs; '' without float8."""
     if not model.float8:
         return ''
-    layers = 'blocks and output layer' if model.float8_output_layer else 'blocks'
-    return f', float8 {model.float8_recipe} ({layers}; held-out loss: {FLOAT8_HELD_OUT})'
+    covered = ['blocks', *(['experts'] if model.experts_in_float8 else []),
+               *(['output layer'] if model.float8_output_layer else [])]
+    layers = ' and '.join(filter(None, (', '.join(covered[:-1]), covered[-1])))
+    unmeasured = "; the experts' not measured yet" if model.experts_in_float8 else ''
+    return f', float8 {model.float8_recipe} ({layers}; held-out loss: {FLOAT8_HELD_OUT}{unmeasured})'
 
 
 def downstream_line(run: Run) -> list[str]:

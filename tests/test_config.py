@@ -140,6 +140,14 @@ BAD_CONFIGS = [
     (changes(('model.family', 'mixtral'), ('model.compile', True), ('precision', 'fp32')),
      "model.compile: the experts' compiled grouped GEMMs take bf16 only, and precision is fp32; use "
      'precision=amp_bf16 or model.compile=false'),
+    (change('model.float8_experts', True),
+     'model.float8_experts: model.family llama has no experts; remove it or use a mixture of experts '
+     '(model.family mixtral)'),
+    (changes(('model.family', 'mixtral'), ('model.float8_experts', True)),
+     'model.float8_experts: needs model.float8 (true or auto); set both, or neither'),
+    (changes(('model.family', 'mixtral'), ('model.float8', True), ('model.float8_experts', True),
+             ('model.ffn_dim', 100)),
+     'model.float8_experts: float8 grouped GEMMs need model.dim (64) and model.ffn_dim (100) divisible by 16'),
 ]
 
 

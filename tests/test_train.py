@@ -172,7 +172,7 @@ def test_an_optimizer_named_without_lr_trains_at_the_documented_default(tiny_con
 
 
 def test_the_start_summary_names_the_float8_recipe_and_the_report_of_its_held_out_loss():
-    from llmfoundry_ext.config import ModelConfig
+    from llmfoundry_ext.config import ModelConfig, model_config_class
     from llmfoundry_ext.train import FLOAT8_HELD_OUT, float8_text
 
     report = 'benchmarks/time-to-quality_h200_2026-11-29.md'
@@ -182,3 +182,7 @@ def test_the_start_summary_names_the_float8_recipe_and_the_report_of_its_held_ou
     assert float8_text(ModelConfig(float8=True, compile=True, float8_output=True, float8_recipe='rowwise')) == (
         f', float8 rowwise (blocks and output layer; held-out loss: {report})')
     assert float8_text(ModelConfig(float8=False)) == ''
+    mixtral = model_config_class('mixtral')
+    assert float8_text(mixtral(float8=True, compile=True, float8_output=True, float8_experts=True)) == (
+        f", float8 tensorwise (blocks, experts and output layer; held-out loss: {report}; the experts' not measured "
+        'yet)')

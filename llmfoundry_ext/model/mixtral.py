@@ -48,8 +48,12 @@ class GroupedExperts(nn.Module):
 
     Under expert parallelism (``parallelism.shard_experts``) this rank holds E / ``expert_group``'s size of them
     (its weights a DTensor's shard); each token copy goes to the rank that holds its expert and comes back (an
-    all-to-all each way, torch's autograd one)."""
+    all-to-all each way, torch's autograd one).
+
+    ``group_alignment`` above 1 pads each expert's group with zero rows to a multiple of it (``aligned_groups``):
+    torchao's float8 grouped GEMM (``model.float8_experts``) takes groups of a multiple of 16 rows."""
     expert_group = None  # the process group the experts are split over (expert parallelism), else None
+    group_alignment = 1  # each expert's rows padded to a multiple of this in the grouped GEMMs
 
     def __init__(self, config: MixtralConfig, kernels: KernelConfig, layer_id: int):
         super().__init__()
@@ -69,14 +73,22 @@ class GroupedExperts(nn.Module):
         token_of = order // top_k
         routed = tokens[token_of].to(gemm_dtype(tokens))
         if self.expert_group is None:
-            out = self.run_local(routed, counts.cumsum(0).to(torch.int32))  # each expert's group ends there
+            out = self.run_local(routed, counts)
         else:
             out = self.run_dispatched(routed, counts)
         out = out * weights.flatten()[order].unsqueeze(-1)
         return torch.zeros_like(tokens).index_add_(0, token_of, out)
 
-    def run_local(self, routed: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """This rank's experts on ``routed`` [N, dim], grouped by expert (``offsets``: each group's end)."""
+    def run_local(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """This rank's experts on ``routed`` [N, dim], grouped by expert (``counts`` [E]: each group's rows)."""
+        if self.group_alignment == 1:
+            return self.grouped_swiglu(routed, counts.cumsum(0).to(torch.int32))  # each expert's group ends there
+        padded, slots, offsets = aligned_groups(routed, counts, self.group_alignment)
+        return self.grouped_swiglu(padded, offsets)[slots]
+
+    def grouped_swiglu(self, routed: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Each expert's SwiGLU on its group of ``routed``'s rows (``offsets``: each group's end), three grouped
+        GEMMs."""
         w1, w2, w3 = (local_shard(weight).to(routed.dtype).transpose(-2, -1) for weight in (self.w1, self.w2, self.w3))
         gate = F.grouped_mm(routed, w1, offs=offsets)
         up = F.grouped_mm(routed, w3, offs=offsets)
@@ -94,12 +106,29 @@ class GroupedExperts(nn.Module):
         arrived = all_to_all_single_autograd(routed, receive_sizes, send_sizes, group)  # by source, then expert
         local_expert = torch.arange(sent.shape[1], device=routed.device).repeat(ranks)
         by_expert = local_expert.repeat_interleave(received.flatten()).argsort(stable=True)
-        out = self.run_local(arrived[by_expert], received.sum(0).cumsum(0).to(torch.int32))
+        out = self.run_local(arrived[by_expert], received.sum(0))
         return all_to_all_single_autograd(out[by_expert.argsort()], send_sizes, receive_sizes, group)
 
     def init_weights(self):
         for name, std in self.init_stds.items():
             nn.init.trunc_normal_(getattr(self, name), std=std)
+
+
+def aligned_groups(routed: torch.Tensor, counts: torch.Tensor, alignment: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``routed`` [N, dim], grouped by expert (``counts`` [E]: each group's rows), with each group padded by zero
+    rows to a multiple of ``alignment``: the padded rows [N + E x (alignment - 1), dim] (those past the last group
+    unused), each routed row's slot there, and the padded groups' ends. Shapes fixed by N and E, no host sync: one
+    compiled graph whatever the routing. Ours: torchao's float8 grouped GEMM asks aligned groups of its caller
+    (torchtitan pads in its own permutation, which is written for its MoE)."""
+    counts = counts.to(torch.int64)
+    padded_counts = (counts + alignment - 1) // alignment * alignment
+    shift = (padded_counts.cumsum(0) - padded_counts) - (counts.cumsum(0) - counts)  # each group's start, moved
+    rows, experts = routed.shape[0], counts.shape[0]
+    expert_of = torch.repeat_interleave(torch.arange(experts, device=routed.device), counts, output_size=rows)
+    slots = torch.arange(rows, device=routed.device) + shift[expert_of]
+    padded = routed.new_zeros(rows + experts * (alignment - 1), routed.shape[1]).index_copy(0, slots, routed)
+    return padded, slots, padded_counts.cumsum(0).to(torch.int32)
 
 
 def local_shard(weight: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from llmfoundry_ext.model.kernels import KernelConfig
-from llmfoundry_ext.model.mixtral import (PRESETS, MoE, GroupedExperts, Mixtral, MixtralConfig,
+from llmfoundry_ext.model.mixtral import (PRESETS, MoE, GroupedExperts, Mixtral, MixtralConfig, aligned_groups,
                                           load_balancing_loss, times_chosen)
 
 TINY = MixtralConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101, n_experts=4,
@@ -47,11 +47,12 @@ def unbalanced_routing(tokens: int, generator) -> torch.Tensor:
     return torch.tensor([0, 1, 3, 4, 6])[choice]
 
 
-def grouped_and_loop(device: str, dtype: torch.dtype):
+def grouped_and_loop(device: str, dtype: torch.dtype, group_alignment: int = 1):
     """Output and gradients (tokens, routing weights, w1, w2, w3) of the grouped experts and of the loop."""
     generator = torch.Generator().manual_seed(0)
     config = MixtralConfig(dim=64, ffn_dim=128, n_experts=8, experts_per_token=2, n_layers=2)
     experts = GroupedExperts(config, KernelConfig(), layer_id=0)
+    experts.group_alignment = group_alignment
     experts.init_weights()
     experts.to(device=device, dtype=dtype)
     tokens = torch.randn(300, 64, generator=generator).to(device, dtype)
@@ -69,11 +70,21 @@ def grouped_and_loop(device: str, dtype: torch.dtype):
     return results
 
 
-def test_grouped_experts_equal_the_loop_in_fp32():
-    (out, grads), (expected, expected_grads) = grouped_and_loop('cpu', torch.float32)
+@pytest.mark.parametrize('group_alignment', [1, 16])
+def test_grouped_experts_equal_the_loop_in_fp32(group_alignment):
+    """Groups as routed, and padded to 16 rows as float8's grouped GEMM takes them (groups of 0 to 244 rows, no
+    non-empty one a multiple of 16)."""
+    (out, grads), (expected, expected_grads) = grouped_and_loop('cpu', torch.float32, group_alignment)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
     for grad, expected_grad in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_aligned_groups_pad_each_experts_rows_with_zeros_to_the_alignment():
+    """Groups of 3, 0 and 4 rows, aligned to 4: 7 + 3 x 3 rows, the first group's padding after its 3 rows."""
+    padded, slots, ends = aligned_groups(torch.arange(1.0, 8.0).unsqueeze(1), torch.tensor([3.0, 0.0, 4.0]), 4)
+    assert slots.tolist() == [0, 1, 2, 4, 5, 6, 7] and ends.tolist() == [4, 4, 8] and ends.dtype == torch.int32
+    assert padded.squeeze(1).tolist() == [1, 2, 3, 0, 4, 5, 6, 7] + [0] * 8
 
 
 def moe_loop_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:

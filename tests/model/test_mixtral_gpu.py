@@ -19,3 +19,47 @@ def test_grouped_experts_equal_the_loop_in_bf16():
     errors = [relative_error(out, expected)] + [relative_error(g, e) for g, e in zip(grads, expected_grads)]
     print('relative errors (out, d tokens, d weights, d w1, d w2, d w3):', [f'{e:.2e}' for e in errors])
     assert max(errors) < 1e-2
+
+
+FLOAT8_TOLERANCE = 6e-2  # relative (Frobenius): float8 e4m3's 3-bit mantissa, rowwise scales, both GEMM operands
+
+
+@pytest.mark.timeout(300)
+def test_float8_experts_run_torchaos_scaled_grouped_gemm_within_float8s_rounding_of_bf16():
+    """Mixtral's width, one MoE layer, 8,192 tokens under bf16 autocast: the experts converted to float8
+    (model.float8_experts) beside the same layer in bf16; the float8 forward and backward run torch's scaled grouped
+    GEMM (rowwise scales: e4m3 rounds each operand by up to 2^-4 relative, so the outputs part by a few per cent)."""
+    pytest.importorskip('torchao')
+    import copy
+    import dataclasses
+
+    from llmfoundry_ext.model.kernels import KernelConfig
+    from llmfoundry_ext.model.mixtral import PRESETS, MoE
+    from llmfoundry_ext.parallelism import FLOAT8_GROUP_ALIGNMENT, convert_experts_to_float8
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(PRESETS['mixtral-8x7b'], n_layers=1)
+    bf16 = MoE(config, KernelConfig(), layer_id=0).cuda()
+    bf16.experts.init_weights()
+    torch.nn.init.normal_(bf16.gate.weight, std=config.dim ** -0.5)
+    float8 = copy.deepcopy(bf16)
+    convert_experts_to_float8(float8)
+    assert float8.experts.group_alignment == FLOAT8_GROUP_ALIGNMENT
+    assert type(float8.experts.w1.data).__name__ == 'Float8TrainingWeightWrapperTensor'
+    x = torch.randn(1, 8192, config.dim, device='cuda')
+
+    def run(moe):
+        inputs = x.clone().requires_grad_()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            with torch.autocast('cuda', torch.bfloat16):
+                out, _ = moe(inputs)
+            (out.float() ** 2).mean().backward()
+        ops = {event.key for event in profile.key_averages()}
+        return [out, inputs.grad, *(getattr(moe.experts, name).grad for name in ('w1', 'w2', 'w3'))], ops
+
+    expected, bf16_ops = run(bf16)
+    got, float8_ops = run(float8)
+    errors = [relative_error(value, reference) for value, reference in zip(got, expected)]
+    print('relative errors (out, d x, d w1, d w2, d w3):', [f'{e:.2e}' for e in errors])
+    assert 'aten::_scaled_grouped_mm' in float8_ops and 'aten::_scaled_grouped_mm' not in bf16_ops
+    assert max(errors) < FLOAT8_TOLERANCE
