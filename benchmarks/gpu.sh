@@ -90,6 +90,9 @@
 #                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
 #                                               call (a JSON); a group that would outlast STOP_BY (540 s) is not begun
+#   bash benchmarks/gpu.sh grid-speed [ROW ...]  one GPU: the grid's rows' tokens/s in one call (default: the shipped
+#                                               tied rows and torchtitan's): measure_learning.py --decide ... --speeds
+#                                               grid-speed.json times every row at one machine's speed
 #   bash benchmarks/gpu.sh learning-split SEEDS A B  2 GPUs: the learning benchmark's row A on GPU 0 while row B
 #                                               runs on GPU 1 (each on every seed), then both in one report, A versus
 #                                               B: half the time of `learning SEEDS A B`
@@ -598,6 +601,15 @@ case "${1:-}" in
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;
+  grid-speed)  # [ROW ...]: the grid's rows' tokens/s in one call (random tokens at the grid's 4 x 8,192, 5 warm-up and
+    # 30 timed steps; default: the shipped tied rows and torchtitan's): one machine's speeds for --decide --speeds
+    shift
+    rows=()
+    for row in ${*:-grid-shipped-blocks grid-shipped-bf16 grid-shipped grid-titan grid-titan-fp8}; do
+      rows+=(--row "${LEARN[$row]}")
+    done
+    python3 scripts/measure_speed.py --gpus 1 --warmup 5 --steps 30 --json "$OUT/grid-speed.json" "${rows[@]}" \
+      2>&1 | tee "$OUT/grid-speed.log" ;;
   learning-split) shift; learning_split "$@" ;;
   learning-2gpu)
     seed=${2:-1}

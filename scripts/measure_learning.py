@@ -16,7 +16,8 @@ held-out loss beside REFERENCE's at equal tokens (at most 0.5 % above: holds), i
 final held-out loss, how much sooner than TARGET it gets there, and the steps it trains in TARGET's seconds over 1.15.
 --report merges runs of another --steps as NAME@STEPS (timed to the target, not compared at equal tokens). --decide
 REPORTS applies issue 66's rule to the grid's saved runs (docs/learning.md): the default precision, bf16, or
-"none yet" (exit 1) while a recipe lacks a row or a time somewhere.
+"none yet" (exit 1) while a recipe lacks a row or a time somewhere; with --speeds the rows' tokens/s of one call
+(gpu.sh grid-speed: one machine for every row's speed, where the grid's rows ran on several).
 """
 import argparse
 import site
@@ -61,6 +62,8 @@ def main(argv: list[str]) -> int:
                         "the held-out batches again on ours row ROW's trained weights (its first seed, one GPU)")
     parser.add_argument('--decide', nargs='+', metavar='REPORT', help="the default precision by the grid's rule: "
                         "the grid's saved runs, any number of calls' files of any cells (docs/learning.md)")
+    parser.add_argument('--speeds', nargs='+', metavar='SPEED_JSON', help="with --decide: the rows' tokens/s from "
+                        "scripts/measure_speed.py's JSON of one call (gpu.sh grid-speed), not the grid's own runs")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
     try:

@@ -34,8 +34,8 @@ from omegaconf import OmegaConf
 from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.benchmark import Row, run_row, transformers_held_out_loss
-from llmfoundry_ext.measure.time_to_quality import (Curve, Evaluation, cell_name, compare, decide, format_decision,
-                                                  over_seeds)
+from llmfoundry_ext.measure.time_to_quality import (RECIPES, TARGET, Curve, Evaluation, cell_name, compare, decide,
+                                                  format_decision, over_seeds)
 from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
@@ -531,11 +531,39 @@ def decide_command(args) -> int:
         by_cell.setdefault(cell_name(report), []).append(path)
     cells = {cell: held_out_curves(distinct(merge_reports(in_schedule_order(paths), [])['rows']))
              for cell, paths in by_cell.items()}
+    if args.speeds:
+        speeds = row_speeds(args.speeds)
+        timed = {name for curves in cells.values() for name in curves} & {TARGET, *(r.tied for r in RECIPES)}
+        if timed - set(speeds):
+            print(f"error: {', '.join(args.speeds)}: no tokens/s of {', '.join(sorted(timed - set(speeds)))}: run "
+                  'them in the speed call too (gpu.sh grid-speed)', file=sys.stderr)
+            return 2
+        cells = {cell: with_speeds(curves, speeds) for cell, curves in cells.items()}
     decision = decide(cells, tolerance=QUALITY_TOLERANCE, speedup=SOONER)
     print(format_decision(decision))
+    if args.speeds:
+        print(f"tokens/s: {', '.join(args.speeds)} (each row's mean over these calls), not the grid's own runs")
     if args.json:
-        write_report(decision, args.json)
+        write_report(decision | {'speeds': args.speeds}, args.json)
     return 0 if decision['decision'] else 1
+
+
+def row_speeds(paths: list[str]) -> dict[str, float]:
+    """Each row's tokens/s (every GPU's) in scripts/measure_speed.py's JSON files, the mean over the files that ran
+    it: the speeds a decision weighs when the grid's rows ran on several machines, taken on one in one call."""
+    by_name = {}
+    for path in paths:
+        with open(path) as file:
+            for row in json.load(file)['rows']:
+                if 'tokens_per_second_per_gpu' in row:
+                    by_name.setdefault(row['name'], []).append(row['tokens_per_second_per_gpu'] * row['gpus'])
+    return {name: statistics.fmean(values) for name, values in by_name.items()}
+
+
+def with_speeds(curves: dict[str, Curve], speeds: dict[str, float]) -> dict[str, Curve]:
+    """``curves`` at the tokens/s of ``speeds`` where it has their row (NAME@STEPS: NAME's)."""
+    return {name: curve._replace(tokens_per_second=speeds.get(name.split('@')[0], curve.tokens_per_second))
+            for name, curve in curves.items()}
 
 
 def in_schedule_order(paths: list[str]) -> list[str]:

@@ -88,6 +88,20 @@ def test_decide_merges_the_grids_runs_by_cell_counts_a_run_once_and_refuses_a_fi
     assert blocks_here['tied_gap'] == pytest.approx(0.002, rel=1e-9)  # the mean of 2.002 and 2.006 beside 2.0
     assert blocks_here['sooner'] == pytest.approx(400 / ((200 + 200 * 0.1 / 0.196) * 1000 / 1600), rel=1e-12)
     assert decision['failed'] == ['float8 blocks and output layer']
+    speeds = tmp_path / 'speeds.json'  # one call's tokens/s: torchtitan 800 (its grid run: 1,000), blocks 2,000
+    speeds.write_text(json.dumps({'rows': [
+        {'name': 'torchtitan', 'tokens_per_second_per_gpu': 800.0, 'gpus': 1},
+        {'name': 'ours-shipped-float8-blocks', 'tokens_per_second_per_gpu': 1000.0, 'gpus': 2},
+        {'name': 'ours-shipped', 'error': 'exit status 1'}]}))
+    assert main(['--decide', bf16, blocks, again, '--speeds', str(speeds), '--json', decision_json]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f'error: {speeds}: no tokens/s of ours-shipped: run them in the speed call too (gpu.sh grid-speed)')
+    assert main(['--decide', bf16, again, '--speeds', str(speeds), '--json', decision_json]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"tokens/s: {speeds} (each row's mean over these calls), not the grid's own runs")
+    with open(decision_json) as file:
+        timed = json.load(file)['recipes']['float8 blocks']['prose lr 0.001']['sooner']
+    assert timed == pytest.approx(500 / ((200 + 200 * 0.1 / 0.194) * 1000 / 2000), rel=1e-12)  # 2.006 alone
     bare = tmp_path / 'bare.json'
     bare.write_text(json.dumps({'data': {}, 'hyper': {'lr': 0.001}}))
     assert main(['--decide', bf16, str(bare)]) == 2
