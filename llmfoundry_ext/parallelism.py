@@ -42,7 +42,8 @@ ATTENTION_OPS = ('aten._scaled_dot_product_efficient_attention.default',
                  'aten._scaled_dot_product_flash_attention_for_cpu.default', 'torch_attn._varlen_attn.default')
 ATTENTION_HIGHER_ORDER_OPS = ('flex_attention', 'inductor_compiled_code')
 # Selective checkpointing keeps these ops' outputs and recomputes the rest (norms, RoPE, SwiGLU, casts):
-# torchtitan's list, with the experts' grouped GEMMs (bf16 and float8). Every second matmul is recomputed too (``selective_recompute``).
+# torchtitan's list, with the experts' grouped GEMMs (bf16 and float8). Every second matmul is recomputed too
+# (``selective_recompute``).
 SAVED_OPS = ('aten.mm.default', 'aten._grouped_mm.default', 'aten._scaled_grouped_mm.default', *ATTENTION_OPS,
              '_c10d_functional.reduce_scatter_tensor.default', 'aten.max.default')
 

@@ -23,7 +23,7 @@ import argparse
 import site
 import sys
 
-from llmfoundry_ext.measure.learning import UnmergeableRuns, decide_command, report_command, train_command
+from llmfoundry_ext.measure.learning import UnusableRuns, decide_command, report_command, train_command
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
             return decide_command(args)
         if args.report:
             return report_command(args)
-    except UnmergeableRuns as error:
+    except UnusableRuns as error:
         print(f'error: {error}', file=sys.stderr)
         return 2
     if not args.row:

@@ -400,6 +400,19 @@ def write_report(report: dict, path: str) -> None:
         json.dump(report, file, indent=1)
 
 
+class UnusableRuns(ValueError):
+    """Saved runs that cannot be weighed together: another hyper-parameter, window or corpus, no held-out
+    evaluations, or a timed row without a speed."""
+
+
+CORPUS_KEYS = ('documents', 'tokens', 'held_out_documents', 'held_out_tokens')  # what tells two corpora apart
+
+
+def corpus_of(report: dict) -> dict:
+    """The sizes of a report's corpus and held-out documents: runs compared at equal tokens must share them."""
+    return {key: report['data'].get(key) for key in CORPUS_KEYS}
+
+
 def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
                   quality: str | None = None) -> dict:
     """One report from the rows of several saved ones (runs split over machines or calls), which must share their
@@ -414,11 +427,12 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
     first = reports[0]
     for path, report in zip(paths, reports):
         if ({**report['hyper'], 'steps': 0}, report['width']) != ({**first['hyper'], 'steps': 0}, first['width']):
-            raise UnmergeableRuns(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
-                             f"{first['hyper']}, window {first['width']}")
+            raise UnusableRuns(f"{path}: trained with {report['hyper']}, window {report['width']}; {paths[0]}: "
+                               f"{first['hyper']}, window {first['width']}")
         if corpus_of(report) != corpus_of(first):
-            raise UnmergeableRuns(f'{path}: trained and evaluated on {corpus_of(report)}; {paths[0]}: {corpus_of(first)} '
-                             '(another corpus: the Python one is the machine\'s installed packages)')
+            raise UnusableRuns(f'{path}: trained and evaluated on {corpus_of(report)}; {paths[0]}: '
+                               f"{corpus_of(first)} (another corpus: the Python one is the machine's installed "
+                               'packages)')
     rows = [{**row, 'steps': report['hyper']['steps'], 'name': scheduled(renamed(row['name'], path, renames),
                                                                           report['hyper']['steps'], first)}
             for path, report in zip(paths, reports) for row in report['rows']]
@@ -426,18 +440,6 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
                           first['data'], rows, versus, quality)
     checks = [check for report in reports for check in report.get('transformers_check', [])]
     return merged | ({'transformers_check': checks} if checks else {})
-
-
-class UnmergeableRuns(ValueError):
-    """Saved runs that cannot be compared: another hyper-parameter, window or corpus."""
-
-
-CORPUS_KEYS = ('documents', 'tokens', 'held_out_documents', 'held_out_tokens')  # what tells two corpora apart
-
-
-def corpus_of(report: dict) -> dict:
-    """The sizes of a report's corpus and held-out documents: runs compared at equal tokens must share them."""
-    return {key: report['data'].get(key) for key in CORPUS_KEYS}
 
 
 def scheduled(name: str, steps: int, first: dict) -> str:
@@ -518,27 +520,20 @@ def report_command(args) -> int:
 
 def decide_command(args) -> int:
     """``scripts/measure_learning.py --decide``: the default precision by issue 66's rule over the grid's saved runs
-    (any number of calls' JSON files, each cell's merged by its corpus and learning rate); 1 while the grid is
-    incomplete."""
+    (any number of calls' JSON files, each cell's merged by its corpus and learning rate), timed at the tokens/s of
+    ``--speeds`` where given; 1 while the grid is incomplete."""
     by_cell = {}
     for path in args.decide:
         with open(path) as file:
             report = json.load(file)
         if not report.get('held_out'):
-            print(f'error: {path} has no held-out evaluations: the grid\'s runs are made with --eval-every '
-                  '(gpu.sh grid)', file=sys.stderr)
-            return 2
+            raise UnusableRuns(f"{path} has no held-out evaluations: the grid's runs are made with --eval-every "
+                               '(gpu.sh grid)')
         by_cell.setdefault(cell_name(report), []).append(path)
     cells = {cell: held_out_curves(distinct(merge_reports(in_schedule_order(paths), [])['rows']))
              for cell, paths in by_cell.items()}
     if args.speeds:
-        speeds = row_speeds(args.speeds)
-        timed = {name for curves in cells.values() for name in curves} & {TARGET, *(r.tied for r in RECIPES)}
-        if timed - set(speeds):
-            print(f"error: {', '.join(args.speeds)}: no tokens/s of {', '.join(sorted(timed - set(speeds)))}: run "
-                  'them in the speed call too (gpu.sh grid-speed)', file=sys.stderr)
-            return 2
-        cells = {cell: with_speeds(curves, speeds) for cell, curves in cells.items()}
+        cells = at_speeds(cells, args.speeds)
     decision = decide(cells, tolerance=QUALITY_TOLERANCE, speedup=SOONER)
     print(format_decision(decision))
     if args.speeds:
@@ -546,6 +541,18 @@ def decide_command(args) -> int:
     if args.json:
         write_report(decision | {'speeds': args.speeds}, args.json)
     return 0 if decision['decision'] else 1
+
+
+def at_speeds(cells: dict[str, dict[str, Curve]], paths: list[str]) -> dict[str, dict[str, Curve]]:
+    """Each cell's curves at the tokens/s of ``paths`` (scripts/measure_speed.py's JSON; NAME@STEPS at NAME's), which
+    must hold every row the decision times: torchtitan's and each recipe's tied row that the cells ran."""
+    speeds = row_speeds(paths)
+    timed = {name for curves in cells.values() for name in curves} & {TARGET, *(recipe.tied for recipe in RECIPES)}
+    if timed - set(speeds):
+        raise UnusableRuns(f"{', '.join(paths)}: no tokens/s of {', '.join(sorted(timed - set(speeds)))}: run them "
+                           'in the speed call too (gpu.sh grid-speed)')
+    return {cell: {name: curve._replace(tokens_per_second=speeds.get(name.split('@')[0], curve.tokens_per_second))
+                   for name, curve in curves.items()} for cell, curves in cells.items()}
 
 
 def row_speeds(paths: list[str]) -> dict[str, float]:
@@ -558,12 +565,6 @@ def row_speeds(paths: list[str]) -> dict[str, float]:
                 if 'tokens_per_second_per_gpu' in row:
                     by_name.setdefault(row['name'], []).append(row['tokens_per_second_per_gpu'] * row['gpus'])
     return {name: statistics.fmean(values) for name, values in by_name.items()}
-
-
-def with_speeds(curves: dict[str, Curve], speeds: dict[str, float]) -> dict[str, Curve]:
-    """``curves`` at the tokens/s of ``speeds`` where it has their row (NAME@STEPS: NAME's)."""
-    return {name: curve._replace(tokens_per_second=speeds.get(name.split('@')[0], curve.tokens_per_second))
-            for name, curve in curves.items()}
 
 
 def in_schedule_order(paths: list[str]) -> list[str]:

@@ -139,7 +139,7 @@ def test_a_report_of_a_longer_schedule_joins_as_its_own_row_timed_to_the_target(
     assert table['bf16']['steps_in_time'] == 4  # torchtitan's 0.5 s over 1.15 at 100 tokens/s: 43 tokens
     other_lr = tmp_path / 'lr.json'
     other_lr.write_text(json.dumps(learning.build_report(Hyper(steps=4, lr=1e-3, eval_every=2), 2, {}, [], [])))
-    with pytest.raises(learning.UnmergeableRuns, match=r"lr.json: trained with .*'lr': 0.001"):
+    with pytest.raises(learning.UnusableRuns, match=r"lr.json: trained with .*'lr': 0.001"):
         learning.merge_reports([cell, str(other_lr)], [])
 
 
