@@ -23,7 +23,7 @@ import argparse
 import site
 import sys
 
-from llmfoundry_ext.measure.learning import UnusableRuns, decide_command, report_command, train_command
+from llmfoundry_ext.measure.learning import decide_command, report_command, train_command
 
 
 def main(argv: list[str]) -> int:
@@ -66,14 +66,10 @@ def main(argv: list[str]) -> int:
                         "scripts/measure_speed.py's JSON of one call (gpu.sh grid-speed), not the grid's own runs")
     parser.add_argument('--json', help='write the results here')
     args = parser.parse_args(argv)
-    try:
-        if args.decide:
-            return decide_command(args)
-        if args.report:
-            return report_command(args)
-    except UnusableRuns as error:
-        print(f'error: {error}', file=sys.stderr)
-        return 2
+    if args.decide:
+        return decide_command(args)
+    if args.report:
+        return report_command(args)
     if not args.row:
         parser.error('give at least one --row, or --report FILES')
     return train_command(args)

@@ -17,6 +17,7 @@ benchmark's (``benchmark.Row``): ``NAME yamls/x.yaml overrides``, ``NAME hf:yaml
 ``NAME torchtitan:SETTING ENV=...``. Every row gets ``Hyper``'s optimizer and schedule (torchtitan's AdamW with a
 linear warm-up and a linear decay to 0, clipping at 1.0), but where an ours or hf row's own overrides set them.
 """
+import functools
 import json
 import os
 import random
@@ -509,6 +510,19 @@ def held_out_curves(results: list[dict]) -> dict[str, Curve]:
             for name, rows in by_name.items()}
 
 
+def in_one_line(command):
+    """``command`` (a --report or --decide) with runs that cannot be weighed together told in one line, exit 2."""
+    @functools.wraps(command)
+    def wrapped(args) -> int:
+        try:
+            return command(args)
+        except UnusableRuns as error:
+            print(f'error: {error}', file=sys.stderr)
+            return 2
+    return wrapped
+
+
+@in_one_line
 def report_command(args) -> int:
     """``scripts/measure_learning.py --report``: the saved runs merged, printed and written; 1 if a verdict fails."""
     report = merge_reports(args.report, args.versus, args.rename, args.quality)
@@ -518,6 +532,7 @@ def report_command(args) -> int:
     return 0 if all(checked['holds'] for checked in report['verdicts']) else 1
 
 
+@in_one_line
 def decide_command(args) -> int:
     """``scripts/measure_learning.py --decide``: the default precision by issue 66's rule over the grid's saved runs
     (any number of calls' JSON files, each cell's merged by its corpus and learning rate), timed at the tokens/s of
