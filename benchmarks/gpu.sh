@@ -79,12 +79,13 @@
 #                                               loss every 100 steps; CORPUS python (40 MB) or prose
 #                                               (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
 #                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
-#                                               grid-titan-fp8 (~5 min a row on an H200: one a call); a cell's calls
-#                                               merge with measure_learning.py --report FILES --quality
-#                                               ours-bf16:torchtitan, the grid's with --decide FILES; ROW@N (or GRID_STEPS=N
-#                                               for every row): a schedule of N steps (the table's "steps at 1.15x":
-#                                               the default's time-to-target run); grid-shipped grid-shipped-blocks
-#                                               grid-shipped-bf16: llama1b.yaml's tied model (float8 with the output
+#                                               grid-titan-fp8 (~5 min a row on an H200: two shipped rows a call,
+#                                               torchtitan's one); a cell's calls merge with measure_learning.py
+#                                               --report FILES --quality ours-bf16:torchtitan, the grid's with --decide
+#                                               FILES; ROW@N (or GRID_STEPS=N for every row): a schedule of N steps
+#                                               (the table's "steps at 1.15x": the default's time-to-target run);
+#                                               grid-shipped grid-shipped-blocks grid-shipped-bf16: llama1b.yaml's
+#                                               tied model (float8 with the output
 #                                               layer, float8 blocks only: the default, bf16) from its own weights;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
 #                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
