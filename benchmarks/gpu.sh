@@ -85,8 +85,8 @@
 #                                               FILES; ROW@N (or GRID_STEPS=N for every row): a schedule of N steps
 #                                               (the table's "steps at 1.15x": the default's time-to-target run);
 #                                               grid-shipped grid-shipped-blocks grid-shipped-bf16: llama1b.yaml's
-#                                               tied model (float8 with the output
-#                                               layer, float8 blocks only: the default, bf16) from its own weights;
+#                                               tied model (float8 with the output layer, float8 blocks only: the
+#                                               default, bf16) from its own weights;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
 #                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
