@@ -25,7 +25,9 @@ FIT_MARGIN = 0.05
 FIT_RESERVE = 2 * GIB
 CHECKPOINTING_CHOICES = ('none', 'selective', 'full')
 # The families whose loss the learning benchmark showed holding under float8 (docs/learning.md): auto turns it on
-# for these alone.
+# for these alone. Issue 66's grid decides llama's place here (`measure_learning.py --decide`): so far float8 on the
+# blocks held bf16's held-out loss in both English-prose cells (benchmarks/time-to-quality_h200_2026-11-29.md);
+# should the grid's rule say bf16, llama leaves this tuple and auto never picks float8.
 FLOAT8_FAMILIES = ('llama',)
 KEYS = {'micro_batch': 'device_microbatch_size', 'checkpointing': 'parallelism.fsdp.activation_checkpointing',
         'reshard_after_forward': 'parallelism.fsdp.reshard_after_forward', 'float8': 'model.float8'}
