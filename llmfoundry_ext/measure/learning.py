@@ -421,10 +421,18 @@ def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
     NAME@STEPS (a run as long as a speed-up's time allows: docs/learning.md). ``renames`` ('OLD=NEW', or
     'FILE:OLD=NEW' for one file's rows, FILE as given in ``paths``) joins rows that ran the same settings under
     another name (a row whose settings became the default)."""
-    reports = []
-    for path in paths:
-        with open(path) as file:
-            reports.append(json.load(file))
+    return merge_loaded({path: read_report(path) for path in paths}, versus, renames, quality)
+
+
+def read_report(path: str) -> dict:
+    with open(path) as file:
+        return json.load(file)
+
+
+def merge_loaded(by_path: dict[str, dict], versus: list[str], renames: list[str] = (),
+                 quality: str | None = None) -> dict:
+    """``merge_reports`` of reports already read (path -> report, the first path's schedule the merge's)."""
+    paths, reports = list(by_path), list(by_path.values())
     first = reports[0]
     for path, report in zip(paths, reports):
         if ({**report['hyper'], 'steps': 0}, report['width']) != ({**first['hyper'], 'steps': 0}, first['width']):
@@ -539,14 +547,13 @@ def decide_command(args) -> int:
     ``--speeds`` where given; 1 while the grid is incomplete."""
     by_cell = {}
     for path in args.decide:
-        with open(path) as file:
-            report = json.load(file)
+        report = read_report(path)
         if not report.get('held_out'):
             raise UnusableRuns(f"{path} has no held-out evaluations: the grid's runs are made with --eval-every "
                                '(gpu.sh grid)')
-        by_cell.setdefault(cell_name(report), []).append(path)
-    cells = {cell: held_out_curves(distinct(merge_reports(in_schedule_order(paths), [])['rows']))
-             for cell, paths in by_cell.items()}
+        by_cell.setdefault(cell_name(report), {})[path] = report
+    cells = {cell: held_out_curves(distinct(merge_loaded(in_schedule_order(reports), [])['rows']))
+             for cell, reports in by_cell.items()}
     if args.speeds:
         cells = at_speeds(cells, args.speeds)
     decision = decide(cells, tolerance=QUALITY_TOLERANCE, speedup=SOONER)
@@ -582,15 +589,11 @@ def row_speeds(paths: list[str]) -> dict[str, float]:
     return {name: statistics.fmean(values) for name, values in by_name.items()}
 
 
-def in_schedule_order(paths: list[str]) -> list[str]:
-    """A cell's files with one of its most common schedule first: the merge names the other schedules' rows
-    NAME@STEPS."""
-    steps = {}
-    for path in paths:
-        with open(path) as file:
-            steps[path] = json.load(file)['hyper']['steps']
-    common = statistics.mode(steps.values())
-    return sorted(paths, key=lambda path: steps[path] != common)
+def in_schedule_order(by_path: dict[str, dict]) -> dict[str, dict]:
+    """A cell's reports (path -> report) with one of its most common schedule first: the merge names the other
+    schedules' rows NAME@STEPS."""
+    common = statistics.mode(report['hyper']['steps'] for report in by_path.values())
+    return dict(sorted(by_path.items(), key=lambda item: item[1]['hyper']['steps'] != common))
 
 
 def distinct(rows: list[dict]) -> list[dict]:

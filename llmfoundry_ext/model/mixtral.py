@@ -44,7 +44,8 @@ PRESETS = {
 
 class GroupedExperts(nn.Module):
     """E SwiGLU experts, their weights stacked; each runs only on the tokens routed to it, all experts in one
-    grouped GEMM per projection over the tokens sorted by expert (no loop over experts, no padding).
+    grouped GEMM per projection over the tokens sorted by expert (no loop over experts; no padding but where
+    ``group_alignment`` asks for it).
 
     Under expert parallelism (``parallelism.shard_experts``) this rank holds E / ``expert_group``'s size of them
     (its weights a DTensor's shard); each token copy goes to the rank that holds its expert and comes back (an
