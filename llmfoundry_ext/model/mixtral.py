@@ -118,17 +118,19 @@ class GroupedExperts(nn.Module):
 def aligned_groups(routed: torch.Tensor, counts: torch.Tensor, alignment: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``routed`` [N, dim], grouped by expert (``counts`` [E]: each group's rows), with each group padded by zero
-    rows to a multiple of ``alignment``: the padded rows [N + E x (alignment - 1), dim] (those past the last group
-    unused), each routed row's slot there, and the padded groups' ends. Shapes fixed by N and E, no host sync: one
-    compiled graph whatever the routing. Ours: torchao's float8 grouped GEMM asks aligned groups of its caller
-    (torchtitan pads in its own permutation, which is written for its MoE)."""
+    rows to a multiple of ``alignment``: the padded rows [N + E x (alignment - 1), dim], rounded up to a multiple of
+    ``alignment`` (those past the last group unused; the weight gradient's float8 operand is the padded rows
+    transposed, whose stride cuBLAS needs in 16 bytes), each routed row's slot there, and the padded groups' ends.
+    Shapes fixed by N and E, no host sync: one compiled graph whatever the routing. Ours: torchao's float8 grouped
+    GEMM asks aligned groups of its caller (torchtitan pads in its own permutation, written for its MoE)."""
     counts = counts.to(torch.int64)
     padded_counts = (counts + alignment - 1) // alignment * alignment
     shift = (padded_counts.cumsum(0) - padded_counts) - (counts.cumsum(0) - counts)  # each group's start, moved
     rows, experts = routed.shape[0], counts.shape[0]
     expert_of = torch.repeat_interleave(torch.arange(experts, device=routed.device), counts, output_size=rows)
     slots = torch.arange(rows, device=routed.device) + shift[expert_of]
-    padded = routed.new_zeros(rows + experts * (alignment - 1), routed.shape[1]).index_copy(0, slots, routed)
+    total = -(-(rows + experts * (alignment - 1)) // alignment) * alignment
+    padded = routed.new_zeros(total, routed.shape[1]).index_copy(0, slots, routed)
     return padded, slots, padded_counts.cumsum(0).to(torch.int32)
 
 
