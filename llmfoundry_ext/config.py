@@ -50,7 +50,8 @@ class ModelConfig(KernelConfig):
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss
     float8: bool | Auto = False      # torchao float8 training for the blocks' linears (H100 and newer); auto: where
-    #                                  the GPU has float8 and the plan predicts it faster
+    #                                  the GPU has float8, the held-out loss grid let the family through (none yet:
+    #                                  +2.3 % on Python source) and the plan predicts it faster
     float8_recipe: Literal[FLOAT8_RECIPES] = 'tensorwise'  # torchao's: tensorwise (one scale a tensor; fp8 all-gather) or rowwise
     float8_output: bool = False      # with float8 and compile: the output layer's GEMMs in float8 too (faster; held-out
     #                                  loss +3.3 % on the tied 1B: benchmarks/time-to-quality_h200_2026-11-29.md);

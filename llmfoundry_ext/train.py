@@ -18,6 +18,7 @@ from llmfoundry_ext.errors import ConfigError, TrainingStopped
 from llmfoundry_ext.machine import GIB, global_rank, name_the_node_rank
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
+from llmfoundry_ext.plan.run_plan import PRECISION_REPORT
 from llmfoundry_ext.preflight import Run, prepare
 from llmfoundry_ext.refusal import default_sigterm, exit_2_on_sigterm, refuse
 from llmfoundry_ext.resumption import prepare_autoresume
@@ -211,9 +212,6 @@ def optimizer_line(run: Run) -> str:
     return '  ' + '; '.join(parts)
 
 
-FLOAT8_HELD_OUT = 'benchmarks/time-to-quality_h200_2026-11-29.md'  # float8's held-out loss beside bf16's
-
-
 def float8_text(model) -> str:
     """', float8 tensorwise (blocks; held-out loss: REPORT)' in the start summary: the recipe, what it covers
     (blocks, experts, output layer) and the measurement of what it costs; '' without float8."""
@@ -223,7 +221,7 @@ def float8_text(model) -> str:
                *(['output layer'] if model.float8_output_layer else [])]
     layers = ' and '.join(filter(None, (', '.join(covered[:-1]), covered[-1])))
     unmeasured = "; the experts' not measured yet" if model.experts_in_float8 else ''
-    return f', float8 {model.float8_recipe} ({layers}; held-out loss: {FLOAT8_HELD_OUT}{unmeasured})'
+    return f', float8 {model.float8_recipe} ({layers}; held-out loss: {PRECISION_REPORT}{unmeasured})'
 
 
 def downstream_line(run: Run) -> list[str]:

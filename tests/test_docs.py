@@ -81,7 +81,7 @@ def test_the_readme_jobs_are_the_ones_this_test_runs():
 @pytest.mark.slow
 @pytest.mark.parametrize('script, rc, last_line', [
     ('data_prep/convert_to_mds.py', 2, 'error: /data/finemath/finemath-3plus: no files match **/*.parquet'),
-    ('scripts/plan.py', 0, '1T tokens: 4.1 days on 256 GPUs (25,124 GPU-hours)'),
+    ('scripts/plan.py', 0, '1T tokens: 4.8 days on 256 GPUs (29,595 GPU-hours)'),
     ('scripts/convert_checkpoint.py', 2, 'error: checkpoints/my-run: no latest-rank0.pt link and not a checkpoint; '
      'give the save folder of a run or one checkpoint (ep0-ba100/ or ep0-ba100-rank0.pt)'),
     ('scripts/evaluate.py', 2, 'error: checkpoints/llama1b-frontier-mix: no latest-rank0.pt link and not a '

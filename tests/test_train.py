@@ -173,10 +173,11 @@ def test_an_optimizer_named_without_lr_trains_at_the_documented_default(tiny_con
 
 def test_the_start_summary_names_the_float8_recipe_and_the_report_of_its_held_out_loss():
     from llmfoundry_ext.config import ModelConfig, model_config_class
-    from llmfoundry_ext.train import FLOAT8_HELD_OUT, float8_text
+    from llmfoundry_ext.plan.run_plan import PRECISION_REPORT
+    from llmfoundry_ext.train import float8_text
 
     report = 'benchmarks/time-to-quality_h200_2026-11-29.md'
-    assert FLOAT8_HELD_OUT == report and os.path.isfile(os.path.join(REPO, report))
+    assert PRECISION_REPORT == report and os.path.isfile(os.path.join(REPO, report))
     assert float8_text(ModelConfig(float8=True, compile=True)) == (
         f', float8 tensorwise (blocks; held-out loss: {report})')
     assert float8_text(ModelConfig(float8=True, compile=True, float8_output=True, float8_recipe='rowwise')) == (

@@ -29,11 +29,18 @@ def test_auto_is_the_fastest_setting_predicted_to_fit_a_60_gib_gpu():
     assert len(plan.candidates) == 4 * 3 * 1 * 1  # micro-batch 1, 2, 4, 8; three modes; one GPU: no resharding
 
 
-def test_auto_turns_float8_on_where_the_gpu_has_it():
+def test_auto_takes_float8_only_for_the_families_the_held_out_loss_grid_let_through(monkeypatch):
+    """Issue 66's grid let no family through (float8 blocks +2.3 % held-out on Python, lr 3e-4): the 1B on an H100
+    takes bf16; were llama listed, the same plan would take float8 (faster, less memory)."""
+    from llmfoundry_ext.plan import run_plan
     config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', *EVERY_KEY_AUTO])
-    plan = settle(config, Machine.described(1, gpu_named('h100')), float8_available=True)
-    assert plan.chosen.setting == Setting(micro_batch=4, checkpointing='none', reshard_after_forward=False,
-                                          float8=True)
+    h100 = Machine.described(1, gpu_named('h100'))
+    assert run_plan.FLOAT8_FAMILIES == ()
+    assert settle(config, h100, float8_available=True).chosen.setting == Setting(
+        micro_batch=2, checkpointing='none', reshard_after_forward=False, float8=False)
+    monkeypatch.setattr(run_plan, 'FLOAT8_FAMILIES', ('llama',))
+    assert settle(config, h100, float8_available=True).chosen.setting == Setting(
+        micro_batch=4, checkpointing='none', reshard_after_forward=False, float8=True)
 
 
 def refusal_on_a_60_gib_gpu(overrides: list[str]) -> str:
@@ -81,3 +88,11 @@ def test_train_refuses_it_in_one_line_with_exit_status_2_before_any_process_grou
                         r'float8 false is predicted to need [\d.]+ GiB a GPU, more than the -[\d.]+ GiB that fits '
                         r'a GPU of 0.01 GiB .*, and no setting fits; use more GPUs, '
                         r'parallelism.context_parallel_degree, or a shorter max_seq_len\n', stderr), stderr
+
+
+def test_the_summary_names_the_report_behind_an_auto_float8():
+    config = load(os.path.join(REPO, 'yamls/llama1b.yaml'), ['global_batch_size=8', *EVERY_KEY_AUTO])
+    plan = settle(config, Machine.described(1, gpu_named('h100')), float8_available=True)
+    assert plan.summary()[0] == (
+        '  plan: micro-batch 2 (auto), activation checkpointing none (auto), reshard after forward false (auto), '
+        'float8 false (auto; held-out loss: benchmarks/time-to-quality_h200_2026-11-29.md)')
