@@ -8,18 +8,21 @@ feed-forward width a token runs through, V the vocabulary):
 - **weights for compute** in bf16: under FSDP2 each block's gathered parameters, for all blocks from forward to
   backward when ``reshard_after_forward`` is false, else the block running and the one prefetched; one GPU (no
   FSDP2): autocast's bf16 copies of every linear weight, kept for the backward. float8 halves them (fp8 all-gather,
-  fp8 weights saved).
+  fp8 weights saved), but a mixture of experts' experts, whose grouped GEMMs stay bf16.
 - **activations** a block, bytes a token, what the backward keeps: none: the residual stream in and after
   attention (fp32 under autocast on one GPU, bf16 under FSDP2), both norms' outputs, q, k, v, the attention output
   and its log-sum-exp, SwiGLU's gate, up and product: R + 2 (4d + 2kv + 3f) + 4 heads; selective (torchtitan's
   op policy: every other matmul kept) the block input, q, v, the attention output, gate and down: R/2 + 2 (3d + kv +
   f); full: the block input R/2; full_except_attention: R/2 + 2d; float8 without checkpointing keeps the linears'
-  inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``).
+  inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``; a mixture of experts 2d, the attention's
+  alone: its grouped GEMMs keep their inputs in bf16, torchao's float8 ones too).
 - **the loss**: liger's fused kernel computes the output layer's fp32 gradient (4 V d) in the forward; the compiled
   loss keeps bf16 logits and their gradient (4 V a token), and with the output layer in float8 the gradient's two
   float8 casts (2 V a token more); the eager loss fp32 logits too (10 V a token). They are
   freed before the backward recomputes its first checkpointed block (the block's activations without checkpointing),
-  so the larger of the two counts.
+  so the larger of the two counts; a mixture of experts' first grouped GEMM in the backward (the experts' down
+  projection) adds, while every activation is still kept, its weights' gradient (bf16, and on one process its fp32
+  copy: 6 bytes a weight) and its input's (2 T k f_expert), counted in the same largest.
 - at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
 - a mixture of experts under expert parallelism (degree X): a block's experts are a unit of their own, and a rank
   gathers the X-th of them its group holds (tested on the arithmetic; no GPU measurement yet).
@@ -27,7 +30,8 @@ feed-forward width a token runs through, V the vocabulary):
 The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
 peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
 H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
-H200 at eight settings (``benchmarks/results/plan``; docs/planning.md). The counter it predicts is
+H200 at eight settings (``benchmarks/results/plan``; docs/planning.md), and Mixtral's width with 2 layers on one H200
+in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``). The counter it predicts is
 ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
 plan's fit margin covers (``run_plan.usable_bytes``).
 """
@@ -88,7 +92,8 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> 
     if mode == 'none':
         kept = residual + 2 * (4 * d + 2 * kv + 3 * f) + log_sum_exp
         saving = FLOAT8_ACTIVATION_SAVING['sharded' if sharded else 'one GPU']
-        return kept - (int(saving * (3 * d + f)) if float8 else 0)
+        float8_inputs = 2 * d if expert_params(arch) else 3 * d + f
+        return kept - (int(saving * float8_inputs) if float8 else 0)
     if mode == 'selective':
         return residual // 2 + 2 * (3 * d + kv + f) + log_sum_exp
     if mode == 'full_except_attention':
@@ -96,6 +101,15 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> 
     if mode == 'full':
         return residual // 2
     raise ValueError(f'unknown activation checkpointing mode {mode!r}')
+
+
+def first_expert_gradient_bytes(arch, tokens: int, layout: 'Layout') -> int:
+    """A mixture of experts' first grouped GEMM in the backward: its weights' gradient and its input's (module
+    docstring); 0 for a dense model."""
+    down_projections = getattr(arch, 'n_experts', 0) // layout.expert_parallel * arch.dim * arch.ffn_dim
+    if not down_projections:
+        return 0
+    return (2 if layout.sharded else 6) * down_projections + 2 * tokens * active_ffn_width(arch)
 
 
 def loss_bytes(arch, tokens: int, loss: str, float8_output: bool = False) -> int:
@@ -118,12 +132,14 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         units = (per_block,)
     tokens = setting.micro_batch * layout.seq_len
     shards = layout.shard_ranks
-    weight_bytes = 1 if setting.float8 else 2
+    experts_share = experts // layout.expert_parallel  # bf16 under float8 too
+    block_bytes = (1 if setting.float8 else 2) * (per_block - experts_share) + 2 * experts_share
     if layout.sharded:
         gathered_blocks = layers if not setting.reshard_after_forward else 2
-        compute_weights = weight_bytes * gathered_blocks * per_block + 2 * output_params
+        compute_weights = gathered_blocks * block_bytes + 2 * output_params
     else:
-        compute_weights = weight_bytes * layers * (per_block - 2 * arch.dim) + 2 * output_params
+        norms = (1 if setting.float8 else 2) * 2 * arch.dim
+        compute_weights = layers * (block_bytes - norms) + 2 * output_params
     checkpointed = 0 if setting.checkpointing == 'none' else math.ceil(layers / layout.checkpoint_every)
     plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8)
     kept = activation_bytes_per_token(arch, setting.checkpointing, layout.sharded, False) if checkpointed else 0
@@ -134,8 +150,9 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         'weights for compute': compute_weights,
         'activations': tokens * ((layers - checkpointed) * plain + checkpointed * kept + 4 * arch.dim),
         # the loss's tensors are freed before the backward recomputes its first checkpointed block
-        'loss, or the block recomputed first': max(loss_bytes(arch, tokens, layout.loss, layout.float8_output),
-                                                   tokens * plain if checkpointed else 0),
+        'loss, the block recomputed first, or the first experts\' gradients': max(
+            loss_bytes(arch, tokens, layout.loss, layout.float8_output), tokens * plain if checkpointed else 0,
+            first_expert_gradient_bytes(arch, tokens, layout)),
     }
     largest_unit = max(*units, output_params)
     backward = {'parameters and optimizer state': states, 'gradients': gradients,
