@@ -79,14 +79,15 @@
 #                                               loss every 100 steps; CORPUS python (40 MB) or prose
 #                                               (.corpora/linux-doc carried, 18 MB); ROWs grid-bf16
 #                                               grid-float8-blocks grid-float8 grid-float8-rowwise grid-titan
-#                                               grid-titan-fp8 (~5 min a row on an H200: two shipped rows a call,
-#                                               torchtitan's one); a cell's calls merge with measure_learning.py
-#                                               --report FILES --quality ours-bf16:torchtitan, the grid's with --decide
-#                                               FILES; ROW@N (or GRID_STEPS=N for every row): a schedule of N steps
+#                                               grid-titan-fp8 (~5 min a row on an H200: one row a call, calls
+#                                               back to back on the warm machine); a cell's calls merge with
+#                                               measure_learning.py --report FILES --quality ours-bf16:torchtitan,
+#                                               the grid's with --decide FILES; ROW@N (or GRID_STEPS=N for every row): a schedule of N steps
 #                                               (the table's "steps at 1.15x": the default's time-to-target run);
-#                                               grid-shipped grid-shipped-blocks grid-shipped-bf16: llama1b.yaml's
-#                                               tied model (float8 with the output layer, float8 blocks only: the
-#                                               default, bf16) from its own weights;
+#                                               grid-shipped grid-shipped-blocks grid-shipped-bf16
+#                                               grid-shipped-rowwise: llama1b.yaml's tied model (float8 with the
+#                                               output layer, float8 blocks, bf16: the default, rowwise float8
+#                                               blocks) from its own weights;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
 #                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
@@ -333,12 +334,13 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   [grid-titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=4"
                   [grid-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=1B LBS=4"
                   # the 1B's model as shipped (tied embeddings, RoPE factor 32: not torchtitan's flavor), from its
-                  # own weights: float8 with the output layer (ours-shipped: the default until 2026-11-29's grid),
-                  # float8 blocks only (today's default), bf16
+                  # own weights: float8 with the output layer (the default until the grid's first cell), float8
+                  # blocks only (until its Python lr 3e-4 cell), bf16 (auto's since), rowwise float8 blocks
                   [grid-shipped]="ours-shipped yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_output=true"
                   [grid-shipped-blocks]="ours-shipped-float8-blocks yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_output=false"
                   [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false"
-                  # 2 GPUs: llama8b.yaml as shipped (float8 auto, 2 samples a GPU) beside torchtitan's fp8 (its
+                  [grid-shipped-rowwise]="ours-shipped-float8-rowwise yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_recipe=rowwise model.float8_output=false"
+                  # 2 GPUs: llama8b.yaml as shipped (auto, 2 samples a GPU) beside torchtitan's fp8 (its
                   # llama3 config: the output layer in bf16), from the 8B's weights
                   [grid-8b]="ours-8b yamls/llama8b.yaml global_batch_size=4"
                   [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=2")

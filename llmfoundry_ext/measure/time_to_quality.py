@@ -129,8 +129,14 @@ class Recipe(NamedTuple):
     tied: str
 
 
+    def ran(self, run: str) -> bool:
+        """Whether ``run`` (a row name, or ``TIED@STEPS``) is one of this recipe's."""
+        return run in (self.untied, self.tied) or run.startswith(self.tied + '@')
+
+
 RECIPES = (Recipe('float8 blocks', 'ours-float8-blocks', 'ours-shipped-float8-blocks'),
-           Recipe('float8 blocks and output layer', 'ours-float8', 'ours-shipped'))
+           Recipe('float8 blocks and output layer', 'ours-float8', 'ours-shipped'),
+           Recipe('float8 rowwise blocks', 'ours-float8-rowwise', 'ours-shipped-float8-rowwise'))
 UNTIED_BF16, TIED_BF16, TARGET = 'ours-bf16', 'ours-shipped-bf16', 'torchtitan'  # the rule's reference rows
 GRID = ('prose lr 0.0003', 'prose lr 0.001', 'python lr 0.0003', 'python lr 0.001')  # issue 66: 2 corpora x 2 lrs
 
@@ -179,10 +185,13 @@ def decide(cells: dict[str, dict[str, Curve]], recipes: tuple = RECIPES, toleran
     """Issue 66's rule over the grid's cells (name -> row name -> curve; a grid cell not given counts as run with no
     rows): the recipe with the shortest wall-clock to the target (its smallest speed-up over the cells, largest) among
     those that hold bf16's held-out loss in every cell; bf16 when none holds; None (incomplete) while a recipe that
-    has not failed lacks its tied row or a time somewhere."""
+    has not failed lacks its tied row or a time somewhere. A recipe no cell ran is left out (the grid runs its
+    optional recipes, rowwise, where device time allows); None while none ran."""
     names = sorted(set(grid) | set(cells))
     weighed = {recipe.name: {cell: recipe_in_cell(recipe, cells.get(cell, {}), tolerance) for cell in names}
-               for recipe in recipes}
+               for recipe in recipes if any(recipe.ran(run) for curves in cells.values() for run in curves)}
+    if not weighed:
+        return {'recipes': {}, 'cells': names, 'failed': [], 'decision': None, 'why': 'no recipe has run'}
     failed = {name for name, by_cell in weighed.items() if any(c['holds'] is False for c in by_cell.values())}
     holding = [name for name in weighed if name not in failed]
     missing = {name: [cell for cell, c in weighed[name].items() if c['holds'] is None or c['sooner'] is None]
@@ -198,13 +207,13 @@ def decide(cells: dict[str, dict[str, Curve]], recipes: tuple = RECIPES, toleran
         slowest = min(c['sooner'] for c in weighed[decision].values())
         why = (f'holds in every cell; its slowest cell {slowest:.2f}x sooner than the target row '
                f"({'at least' if slowest >= speedup else 'under'} {speedup:g}x)")
-    return {'recipes': weighed, 'failed': sorted(failed), 'decision': decision, 'why': why}
+    return {'recipes': weighed, 'cells': names, 'failed': sorted(failed), 'decision': decision, 'why': why}
 
 
 def format_decision(decision: dict) -> str:
     """A line a recipe: each cell's gaps at equal tokens (untied / the tied shipped 1B) and the shipped model's
     speed-up to the target, then the decision."""
-    cells = sorted(next(iter(decision['recipes'].values())))
+    cells = decision['cells']
     lines = [f"{'recipe':<32}" + ''.join(f'{cell:>30}' for cell in cells)]
     for name, by_cell in decision['recipes'].items():
         lines.append(f'{name:<32}' + ''.join(f'{cell_text(by_cell[cell]):>30}' for cell in cells))

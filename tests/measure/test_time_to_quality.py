@@ -172,3 +172,21 @@ def test_a_cell_is_named_by_its_corpus_and_learning_rate():
     assert cell_name({'data': {'suffix': '.rst.txt'}, 'hyper': {'lr': 0.001}}) == 'prose lr 0.001'
     assert cell_name({'data': {'suffix': '.py'}, 'hyper': {'lr': 3e-4}}) == 'python lr 0.0003'
     assert cell_name({'data': {}, 'hyper': {'lr': 3e-4}}) == 'python lr 0.0003'  # reports before the suffix was kept
+
+
+def test_a_recipe_no_cell_ran_is_left_out_and_one_run_somewhere_is_weighed_everywhere():
+    """Rowwise float8 (optional in the grid) ran only in prose lr 0.001, holding there (2.002 beside 2.0): it is
+    weighed in every cell and holds the decision up; with no recipe run at all there is none."""
+    assert list(decide(grid())['recipes']) == ['float8 blocks', 'float8 blocks and output layer']
+    cells = grid()
+    rowwise = Curve('ours-shipped-float8-rowwise', means((200, 2.2), (400, 2.002)), 1000, 1300.0, 400)
+    cells['prose lr 0.001'] = {**cells['prose lr 0.001'], rowwise.name: rowwise}
+    decision = decide(cells)
+    assert list(decision['recipes']) == ['float8 blocks', 'float8 blocks and output layer', 'float8 rowwise blocks']
+    assert decision['recipes']['float8 rowwise blocks']['prose lr 0.001']['tied_gap'] == pytest.approx(0.001)
+    assert (decision['decision'], decision['why']) == (
+        None, 'incomplete: float8 rowwise blocks lacks its tied row or a time to the target in prose lr 0.0003, '
+              'python lr 0.0003, python lr 0.001')
+    nothing = decide({})
+    assert (nothing['decision'], nothing['why']) == (None, 'no recipe has run')
+    assert format_decision(nothing).splitlines()[-1] == 'decision: none yet (no recipe has run)'
