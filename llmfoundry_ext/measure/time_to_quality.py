@@ -128,7 +128,6 @@ class Recipe(NamedTuple):
     untied: str
     tied: str
 
-
     def ran(self, run: str) -> bool:
         """Whether ``run`` (a row name, or ``TIED@STEPS``) is one of this recipe's."""
         return run in (self.untied, self.tied) or run.startswith(self.tied + '@')
