@@ -506,7 +506,8 @@ def build_report(hyper: Hyper, width: int, data: dict, results: list[dict], vers
 
 def held_out_curves(results: list[dict]) -> dict[str, Curve]:
     """Per row name with held-out evaluations: their mean over seeds, the row's tokens/s (every GPU's, the mean
-    over seeds) and its schedule's steps (its last evaluation's, in reports saved before rows recorded them)."""
+    over seeds), its schedule's steps (its last evaluation's, in reports saved before rows recorded them) and its
+    runs."""
     by_name = {}
     for result in results:
         if result.get('held_out'):
@@ -514,7 +515,7 @@ def held_out_curves(results: list[dict]) -> dict[str, Curve]:
     return {name: Curve(name, over_seeds([[Evaluation(*point) for point in row['held_out']] for row in rows]),
                         rows[0]['tokens_per_step'],
                         statistics.fmean(row['tokens_per_second_per_gpu'] * row['gpus'] for row in rows),
-                        rows[0].get('steps', rows[0]['held_out'][-1][0]))
+                        rows[0].get('steps', rows[0]['held_out'][-1][0]), len(rows))
             for name, rows in by_name.items()}
 
 

@@ -81,7 +81,7 @@ def test_decide_merges_the_grids_runs_by_cell_counts_a_run_once_and_refuses_a_fi
         'float8 blocks and output layer                       - / - / -            - / +5.00% / 2.00x'
         '                     - / - / -                     - / - / -',
         'decision: none yet (incomplete: float8 blocks lacks its tied row or a time to the target in prose lr 0.0003,'
-        ' python lr 0.0003, python lr 0.001)']
+        ' python lr 0.0003, python lr 0.001, and a second seed in prose lr 0.001)']  # bf16 ran one seed there
     with open(decision_json) as file:
         decision = json.load(file)
     blocks_here = decision['recipes']['float8 blocks']['prose lr 0.001']
