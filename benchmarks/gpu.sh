@@ -89,7 +89,9 @@
 #                                               output layer, float8 blocks, bf16: the default, rowwise float8
 #                                               blocks) from its own weights;
 #                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
-#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights.
+#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights;
+#                                               grid-mixtral-bf16 grid-mixtral-float8 grid-mixtral-float8-experts:
+#                                               Mixtral's width, 2 layers, auto settings, from its own weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
 #                                               call (a JSON); a group that would outlast STOP_BY (540 s) is not begun
 #   bash benchmarks/gpu.sh grid-speed [ROW ...]  one GPU: the grid's rows' tokens/s in one call (default: the shipped
@@ -318,6 +320,7 @@ declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [fl
 S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
 L="$S device_microbatch_size=2 $AC=none model.float8=false"
 G="yamls/llama1b.yaml global_batch_size=4 model.tie_embeddings=false model.rope_scaling_factor=8"
+X="yamls/mixtral8x7b.yaml global_batch_size=4 model.n_layers=2 device_microbatch_size=auto $AC=auto"
 declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2-init $L model.init_scheme=gpt2" [hf]="hf hf:$L device_microbatch_size=1"
                   [titan]="torchtitan torchtitan:compile FLAVOR=1B LBS=2" [float8]="ours-float8 $L model.float8=true model.float8_output=true"
                   [float8-blocks]="ours-float8-blocks $L model.float8=true model.float8_output=false"
@@ -343,7 +346,12 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   # 2 GPUs: llama8b.yaml as shipped (auto, 2 samples a GPU) beside torchtitan's fp8 (its
                   # llama3 config: the output layer in bf16), from the 8B's weights
                   [grid-8b]="ours-8b yamls/llama8b.yaml global_batch_size=4"
-                  [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=2")
+                  [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=2"
+                  # Mixtral's width with 2 layers, from its own weights: bf16, float8 on the attention, and on the
+                  # experts' grouped GEMMs too (issue 67: float8 experts where the held-out loss holds)
+                  [grid-mixtral-bf16]="ours-mixtral-bf16 $X model.float8=false"
+                  [grid-mixtral-float8]="ours-mixtral-float8 $X model.float8=true"
+                  [grid-mixtral-float8-experts]="ours-mixtral-float8-experts $X model.float8=true model.float8_experts=true")
 
 learning_name() {  # seeds rows...: the file name (no extension) of a learning call's JSON and log
   local seeds=$1; shift
@@ -363,8 +371,9 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
 }
 
-grid_weights() {  # row: the weights a grid row starts from: torchtitan's 1B flavor's, the shipped tied 1B's, the 8B's
-  case $1 in grid-shipped*) echo shipped ;; grid-8b*) echo 8b ;; *) echo 1b ;; esac
+grid_weights() {  # row: the weights a grid row starts from: torchtitan's 1B flavor's, the shipped tied 1B's, the 8B's,
+  # Mixtral's (2 layers)
+  case $1 in grid-shipped*) echo shipped ;; grid-8b*) echo 8b ;; grid-mixtral*) echo mixtral ;; *) echo 1b ;; esac
 }
 
 grid() {  # corpus lr ROW[@STEPS]...: one cell of the time-to-quality grid, its rows one after the other; consecutive
@@ -405,6 +414,7 @@ grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the 
   case $(grid_weights "$1") in
     shipped) init=grid-shipped-bf16 quality=ours-shipped-bf16:ours-shipped-bf16 ;;
     8b) init=grid-8b quality=ours-8b:ours-8b gpus=2 ;;
+    mixtral) init=grid-mixtral-bf16 quality=ours-mixtral-bf16:ours-mixtral-bf16 ;;
   esac
   CELL=$corpus-$lr STEPS=$steps LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
     STOP_BY=$(( ${STOP_BY:-540} - SECONDS )) TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \

@@ -500,3 +500,22 @@ def test_the_held_out_loss_is_the_mean_token_loss_of_the_first_batches(held_out_
     assert [step for step, _ in recorder.evaluations] == [1, 2]
     assert recorder.evaluations[1][1] == pytest.approx(expected, rel=1e-6)
     assert recorder.evaluations[0][1] != recorder.evaluations[1][1]  # the model of batch 1 is not batch 2's
+
+
+def test_a_mixture_of_experts_row_trains_from_its_shared_weights_and_is_evaluated_held_out(held_out_data, tmp_path,
+                                                                                           monkeypatch):
+    """gpu.sh grid's Mixtral rows (float8 experts beside bf16): a small Mixtral drawn once as an HF folder, loaded
+    by the row, and evaluated every 2 steps on the held-out documents (cross entropy, the router's loss left out)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(benchmark, 'LAUNCHER', FORKED)
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    moe = Row.parse(f'moe yamls/demo.yaml {SMALL} model.family=mixtral model.n_experts=4 model.experts_per_token=2 '
+                    'model.ffn_dim=64')
+    plan = Plan([moe], seeds=[1], hyper=Hyper(steps=4, lr=1e-3, warmup=1, eval_every=2, eval_batches=1), width=2,
+                shared_init=moe)
+    row, = learning.run(plan, held_out_data, str(tmp_path / 'work'), [], None, quality='moe:moe')['rows']
+    drawn = load_file(str(tmp_path / 'work' / 'init-moe-seed1' / 'model.safetensors'))
+    assert drawn['model.layers.1.block_sparse_moe.experts.3.w2.weight'].shape == (128, 64)
+    assert row['shared_init'] == str(moe) and [step for step, _ in row['held_out']] == [2, 4]
+    assert all(0 < loss < 7 for _, loss in row['held_out'])  # ln(512) = 6.24 at the start
