@@ -559,8 +559,9 @@ def check_float8_experts(model: ModelConfig) -> None:
     if not isinstance(model, MixtralConfig):
         raise ConfigError(f'model.float8_experts: model.family {model.family} has no experts; remove it or use a '
                           'mixture of experts (model.family mixtral)')
-    if model.float8 is False:
-        raise ConfigError('model.float8_experts: needs model.float8 (true or auto); set both, or neither')
+    if model.float8 is not True:  # auto takes bf16 where the held-out loss grid says so: it would drop them quietly
+        raise ConfigError(f'model.float8_experts: needs model.float8=true (it is {model.float8}); set both, or '
+                          'neither')
     if model.dim % 16 or model.ffn_dim % 16:
         raise ConfigError(f'model.float8_experts: float8 grouped GEMMs need model.dim ({model.dim}) and '
                           f'model.ffn_dim ({model.ffn_dim}) divisible by 16')

@@ -144,7 +144,9 @@ BAD_CONFIGS = [
      'model.float8_experts: model.family llama has no experts; remove it or use a mixture of experts '
      '(model.family mixtral)'),
     (changes(('model.family', 'mixtral'), ('model.float8_experts', True)),
-     'model.float8_experts: needs model.float8 (true or auto); set both, or neither'),
+     'model.float8_experts: needs model.float8=true (it is False); set both, or neither'),
+    (changes(('model.family', 'mixtral'), ('model.float8', 'auto'), ('model.float8_experts', True)),
+     'model.float8_experts: needs model.float8=true (it is auto); set both, or neither'),
     (changes(('model.family', 'mixtral'), ('model.float8', True), ('model.float8_experts', True),
              ('model.ffn_dim', 100)),
      'model.float8_experts: float8 grouped GEMMs need model.dim (64) and model.ffn_dim (100) divisible by 16'),
