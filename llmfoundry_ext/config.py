@@ -67,7 +67,7 @@ class ModelConfig(KernelConfig):
     def output_layer_in_float8(self, float8: bool) -> bool:
         """Whether the output layer's GEMMs run in float8 where the blocks' do (``float8``): the run plan asks it of
         each setting it weighs, before ``model.float8: auto`` is settled."""
-        return float8 and self.float8_output and self.compile and not self.fused_loss
+        return float8 and self.float8_output  # with compile and the compiled loss (check_float8_output)
 
     @property
     def experts_in_float8(self) -> bool:
@@ -549,7 +549,22 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
     if isinstance(model, MixtralConfig) and model.experts_per_token > model.n_experts:
         raise ConfigError(f'model.experts_per_token: {model.experts_per_token} is not between 1 and model.n_experts '
                           f'{model.n_experts}')
+    check_float8_output(model)
     check_float8_experts(model)
+
+
+def check_float8_output(model: ModelConfig) -> None:
+    """``model.float8_output`` asks for float8 and the compiled loss, inside which the output layer's GEMMs run in
+    float8 (``parallelism.compiled_float8_matmul``)."""
+    if not model.float8_output:
+        return
+    if model.float8 is not True:
+        raise ConfigError(f'model.float8_output: needs model.float8=true (it is {model.float8}); set both, or '
+                          'neither')
+    if not model.compile or model.fused_loss:
+        raise ConfigError('model.float8_output: the output layer runs in float8 inside the compiled loss; set '
+                          'model.compile=true without cross_entropy in model.fused_kernels, or model.float8_output='
+                          'false')
 
 
 def check_float8_experts(model: ModelConfig) -> None:

@@ -140,6 +140,12 @@ BAD_CONFIGS = [
     (changes(('model.family', 'mixtral'), ('model.compile', True), ('precision', 'fp32')),
      "model.compile: the experts' compiled grouped GEMMs take bf16 only, and precision is fp32; use "
      'precision=amp_bf16 or model.compile=false'),
+    (change('model.float8_output', True),
+     'model.float8_output: needs model.float8=true (it is False); set both, or neither'),
+    (changes(('model.float8', True), ('model.float8_output', True), ('model.compile', True),
+             ('model.fused_kernels', ['cross_entropy'])),
+     'model.float8_output: the output layer runs in float8 inside the compiled loss; set model.compile=true without '
+     'cross_entropy in model.fused_kernels, or model.float8_output=false'),
     (change('model.float8_experts', True),
      'model.float8_experts: model.family llama has no experts; remove it or use a mixture of experts '
      '(model.family mixtral)'),
