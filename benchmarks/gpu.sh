@@ -35,16 +35,16 @@
 #   bash benchmarks/gpu.sh profile-8b [MODES]   the same for the 8B on the GPUs present, local batch 1, each mode
 #                                               (as bench-8b's; default none)
 #   bash benchmarks/gpu.sh profile-8b-ours [MODES]  the same, ours alone
-#   bash benchmarks/gpu.sh float8-8b            2 GPUs: llama8b.yaml as shipped at its 2 samples a GPU (auto: float8)
-#                                               beside torchtitan fp8 (LBS 2 and 1), twice; the bf16 row (no AC, kept
-#                                               gathered, LBS 1) beside torchtitan compile
-#   bash benchmarks/gpu.sh float8-1b            2 GPUs, a lane each at once: llama1b.yaml as shipped at its 4 samples a
-#                                               GPU (auto: float8), twice, with the garbage_collection callback,
+#   bash benchmarks/gpu.sh float8-8b            2 GPUs: llama8b.yaml with model.float8=true (auto's until 2026-11-29)
+#                                               at its 2 samples a GPU beside torchtitan fp8 (LBS 2 and 1), twice; the
+#                                               bf16 row (no AC, kept gathered, LBS 1) beside torchtitan compile
+#   bash benchmarks/gpu.sh float8-1b            2 GPUs, a lane each at once: llama1b.yaml with model.float8=true at
+#                                               its 4 samples a GPU, twice, with the garbage_collection callback,
 #                                               and at local batch 2 and 8; torchtitan compile (LBS 4)
 #   bash benchmarks/gpu.sh float8-output        2 GPUs, a lane each at once: llama1b.yaml at its 4 samples a GPU in
 #                                               float8 with the output layer's GEMMs (model.float8_output=true) beside
-#                                               it as shipped (the output layer in bf16), twice; torchtitan compile and
-#                                               fp8 (LBS 4); the float8 output layer's GPU test
+#                                               float8 on the blocks alone, twice; torchtitan compile and fp8 (LBS 4);
+#                                               the float8 output layer's GPU test
 #   bash benchmarks/gpu.sh bench-8b [MODES]     2 GPUs: 8B as shipped beside torchtitan, each mode (none selective full
 #                                               float8: AC none / selective / full, float8 without AC; default all);
 #                                               REPEATS=3 runs the modes three times over (ours' launches part by up
@@ -316,7 +316,7 @@ declare -A OURS=([none]="$AC=none model.float8=false $KEEP" [selective]="$AC=sel
 declare -A TITAN=([none]=compile [selective]=compile_sac [full]=compile_full [float8]=fp8)
 
 # torchtitan's 1B flavor: Llama-3.2-1B's shape with an untied output layer and Llama-3.1's RoPE scaling (factor 8);
-# ours in bf16 without checkpointing (S: the shipped YAML's auto settings, float8 where the GPU has it)
+# ours in bf16 without checkpointing (S: the shipped YAML's auto settings)
 S="yamls/llama1b.yaml global_batch_size=2 model.tie_embeddings=false model.rope_scaling_factor=8"
 L="$S device_microbatch_size=2 $AC=none model.float8=false"
 G="yamls/llama1b.yaml global_batch_size=4 model.tie_embeddings=false model.rope_scaling_factor=8"
@@ -553,30 +553,30 @@ case "${1:-}" in
   profile-1b-ours) profile 1B 2 yamls/llama1b.yaml none ours ;;
   profile-8b) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode"; done ;;
   profile-8b-ours) shift; for mode in ${*:-none}; do profile 8B 1 yamls/llama8b.yaml "$mode" ours; done ;;
-  float8-8b)  # llama8b.yaml as shipped (auto) at 2 samples a GPU beside torchtitan fp8 at LBS 2, twice, and at LBS 1;
-    # the bf16 row of bench-8b (none) beside torchtitan compile, between them
-    Y=yamls/llama8b.yaml
+  float8-8b)  # llama8b.yaml in float8 at 2 samples a GPU beside torchtitan fp8 at LBS 2, twice, and at LBS 1; the bf16
+    # row of bench-8b (none) beside torchtitan compile, between them
+    Y=yamls/llama8b.yaml F=model.float8=true
     python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/float8-8b.json" \
-      --row "shipped-1 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-1 torchtitan:fp8 FLAVOR=8B LBS=2" \
+      --row "float8-1 $Y global_batch_size=$((2 * GPUS)) $F" --row "titan-fp8-1 torchtitan:fp8 FLAVOR=8B LBS=2" \
       --row "ours-bf16 $Y global_batch_size=$GPUS ${OURS[none]}" --row "titan-compile torchtitan:compile FLAVOR=8B LBS=1" \
-      --row "shipped-2 $Y global_batch_size=$((2 * GPUS))" --row "titan-fp8-2 torchtitan:fp8 FLAVOR=8B LBS=2" \
-      --row "titan-fp8-b1 torchtitan:fp8 FLAVOR=8B LBS=1" --versus shipped-1:titan-fp8-1 \
-      --versus shipped-2:titan-fp8-2 --versus ours-bf16:titan-compile ;;
-  float8-1b)  # two lanes, one a GPU, at once: llama1b.yaml as shipped (auto) at its 4 samples a GPU, twice, and with
-    # the garbage_collection callback; at local batch 2 (float8) and 8; torchtitan compile at LBS 4
-    Y=yamls/llama1b.yaml GC="callbacks.garbage_collection={}"
+      --row "float8-2 $Y global_batch_size=$((2 * GPUS)) $F" --row "titan-fp8-2 torchtitan:fp8 FLAVOR=8B LBS=2" \
+      --row "titan-fp8-b1 torchtitan:fp8 FLAVOR=8B LBS=1" --versus float8-1:titan-fp8-1 \
+      --versus float8-2:titan-fp8-2 --versus ours-bf16:titan-compile ;;
+  float8-1b)  # two lanes, one a GPU, at once: llama1b.yaml in float8 at its 4 samples a GPU, twice, and with the
+    # garbage_collection callback; at local batch 2 and 8; torchtitan compile at LBS 4
+    Y="yamls/llama1b.yaml model.float8=true" GC="callbacks.garbage_collection={}"
     lane() { gpu_lane float8-1b "$@"; }
-    lane 0 --row "shipped-1 $Y global_batch_size=4" --row "gc-1 $Y global_batch_size=4 $GC" \
+    lane 0 --row "float8-1 $Y global_batch_size=4" --row "gc-1 $Y global_batch_size=4 $GC" \
       --row "b2 $Y global_batch_size=2 device_microbatch_size=2" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
-      --versus shipped-1:titan-b4 &
-    lane 1 --row "shipped-2 $Y global_batch_size=4" --row "gc-2 $Y global_batch_size=4 $GC" \
-      --row "shipped-b8 $Y global_batch_size=8" &
+      --versus float8-1:titan-b4 &
+    lane 1 --row "float8-2 $Y global_batch_size=4" --row "gc-2 $Y global_batch_size=4 $GC" \
+      --row "float8-b8 $Y global_batch_size=8" &
     wait
     tail -n 25 "$OUT"/float8-1b-gpu*.log ;;
-  float8-output)  # two lanes, one a GPU, at once: llama1b.yaml (auto: float8) at its 4 samples a GPU with the
-    # output layer's GEMMs in float8 (model.float8_output=true) beside the output layer in bf16 (as shipped), twice;
-    # torchtitan compile and fp8 at LBS 4; then the float8 output layer's GPU test
-    Y="yamls/llama1b.yaml global_batch_size=4" O=model.float8_output=true
+  float8-output)  # two lanes, one a GPU, at once: llama1b.yaml in float8 at its 4 samples a GPU with the output
+    # layer's GEMMs in float8 (model.float8_output=true) beside the output layer in bf16, twice; torchtitan compile
+    # and fp8 at LBS 4; then the float8 output layer's GPU test
+    Y="yamls/llama1b.yaml global_batch_size=4 model.float8=true" O=model.float8_output=true
     lane() { gpu_lane float8-output "$@"; }
     lane 0 --row "output-1 $Y $O" --row "blocks-1 $Y" --row "titan-b4 torchtitan:compile FLAVOR=1B LBS=4" \
       --versus output-1:blocks-1 --versus output-1:titan-b4 &
