@@ -553,14 +553,19 @@ def check_model(model: ModelConfig, max_seq_len: int) -> None:
     check_float8_experts(model)
 
 
+def check_float8_is_on(key: str, model: ModelConfig) -> None:
+    """``key`` adds to float8 training, which must be on: under auto, which takes bf16 where the held-out loss grid
+    says so, it would be dropped without a word."""
+    if model.float8 is not True:
+        raise ConfigError(f'{key}: needs model.float8=true (it is {model.float8}); set both, or neither')
+
+
 def check_float8_output(model: ModelConfig) -> None:
     """``model.float8_output`` asks for float8 and the compiled loss, inside which the output layer's GEMMs run in
     float8 (``parallelism.compiled_float8_matmul``)."""
     if not model.float8_output:
         return
-    if model.float8 is not True:
-        raise ConfigError(f'model.float8_output: needs model.float8=true (it is {model.float8}); set both, or '
-                          'neither')
+    check_float8_is_on('model.float8_output', model)
     if not model.compile or model.fused_loss:
         raise ConfigError('model.float8_output: the output layer runs in float8 inside the compiled loss; set '
                           'model.compile=true without cross_entropy in model.fused_kernels, or model.float8_output='
@@ -574,9 +579,7 @@ def check_float8_experts(model: ModelConfig) -> None:
     if not isinstance(model, MixtralConfig):
         raise ConfigError(f'model.float8_experts: model.family {model.family} has no experts; remove it or use a '
                           'mixture of experts (model.family mixtral)')
-    if model.float8 is not True:  # auto takes bf16 where the held-out loss grid says so: it would drop them quietly
-        raise ConfigError(f'model.float8_experts: needs model.float8=true (it is {model.float8}); set both, or '
-                          'neither')
+    check_float8_is_on('model.float8_experts', model)
     if model.dim % 16 or model.ffn_dim % 16:
         raise ConfigError(f'model.float8_experts: float8 grouped GEMMs need model.dim ({model.dim}) and '
                           f'model.ffn_dim ({model.ffn_dim}) divisible by 16')

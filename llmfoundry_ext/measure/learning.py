@@ -36,7 +36,7 @@ from llmfoundry_ext.atomic import write_atomically
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.benchmark import Row, run_row, transformers_held_out_loss
 from llmfoundry_ext.measure.time_to_quality import (RECIPES, TARGET, Curve, Evaluation, cell_name, compare, decide,
-                                                  format_decision, over_seeds)
+                                                  format_decision, over_seeds, row_of)
 from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
 from llmfoundry_ext.preflight import prepare
@@ -574,7 +574,7 @@ def at_speeds(cells: dict[str, dict[str, Curve]], paths: list[str]) -> dict[str,
     if timed - set(speeds):
         raise UnusableRuns(f"{', '.join(paths)}: no tokens/s of {', '.join(sorted(timed - set(speeds)))}: run them "
                            'in the speed call too (gpu.sh grid-speed)')
-    return {cell: {name: curve._replace(tokens_per_second=speeds.get(name.split('@')[0], curve.tokens_per_second))
+    return {cell: {name: curve._replace(tokens_per_second=speeds.get(row_of(name), curve.tokens_per_second))
                    for name, curve in curves.items()} for cell, curves in cells.items()}
 
 

@@ -121,6 +121,11 @@ def format_table(table: list[dict], quality_reference: str, time_reference: str)
     return '\n'.join(lines)
 
 
+def row_of(run: str) -> str:
+    """The row a run is of: its name, less the ``@STEPS`` of a run on another schedule."""
+    return run.split('@')[0]
+
+
 class Recipe(NamedTuple):
     """A precision recipe the grid weighs for the default, by its rows' names: on the shipped tied 1B (beside
     ``ours-shipped-bf16``; its runs of another schedule ``TIED@STEPS``, timed to the target) and, where the cell ran
@@ -131,7 +136,7 @@ class Recipe(NamedTuple):
 
     def ran(self, run: str) -> bool:
         """Whether ``run`` (a row name, or ``TIED@STEPS``) is one of this recipe's."""
-        return run in (self.untied, self.tied) or run.startswith(self.tied + '@')
+        return run == self.untied or row_of(run) == self.tied
 
 
 RECIPES = (Recipe('float8 blocks', 'ours-float8-blocks', 'ours-shipped-float8-blocks'),
@@ -176,8 +181,7 @@ def speedup_to_target(curves: dict[str, Curve], name: str) -> Optional[float]:
         return None
     target = curves[TARGET].held_out[-1].mean
     theirs = seconds_to_target(curves[TARGET], target)
-    ours = [seconds_to_target(curve, target) for run, curve in curves.items()
-            if run == name or run.startswith(name + '@')]
+    ours = [seconds_to_target(curve, target) for run, curve in curves.items() if row_of(run) == name]
     return max((theirs / seconds for seconds in ours if seconds), default=None)
 
 

@@ -106,7 +106,7 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> 
 def first_expert_gradient_bytes(arch, tokens: int, layout: 'Layout') -> int:
     """A mixture of experts' first grouped GEMM in the backward: its weights' gradient and its input's (module
     docstring); 0 for a dense model."""
-    down_projections = getattr(arch, 'n_experts', 0) // layout.expert_parallel * arch.dim * arch.ffn_dim
+    down_projections = expert_params(arch) // 3 // layout.expert_parallel  # a third of the rank's experts' weights
     if not down_projections:
         return 0
     return (2 if layout.sharded else 6) * down_projections + 2 * tokens * active_ffn_width(arch)
@@ -125,21 +125,21 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     params, per_block, layers = arch.num_params(), arch.block_params(), arch.n_layers
     output_params = arch.vocab_size * arch.dim
     experts = expert_params(arch)
+    experts_share = experts // layout.expert_parallel
     if layout.expert_parallel > 1:  # the experts a unit of their own, a rank gathering its group's share
-        units = (per_block - experts, experts // layout.expert_parallel)
+        units = (per_block - experts, experts_share)
         per_block = sum(units)
     else:
         units = (per_block,)
     tokens = setting.micro_batch * layout.seq_len
     shards = layout.shard_ranks
-    experts_share = experts // layout.expert_parallel  # bf16 under float8 too
-    block_bytes = (1 if setting.float8 else 2) * (per_block - experts_share) + 2 * experts_share
+    linear_bytes = 1 if setting.float8 else 2  # a weight's bytes for compute; the experts' stay bf16 under float8
+    block_bytes = linear_bytes * (per_block - experts_share) + 2 * experts_share
     if layout.sharded:
         gathered_blocks = layers if not setting.reshard_after_forward else 2
         compute_weights = gathered_blocks * block_bytes + 2 * output_params
-    else:
-        norms = (1 if setting.float8 else 2) * 2 * arch.dim
-        compute_weights = layers * (block_bytes - norms) + 2 * output_params
+    else:  # autocast's copies: the norms' weights are not cast
+        compute_weights = layers * (block_bytes - linear_bytes * 2 * arch.dim) + 2 * output_params
     checkpointed = 0 if setting.checkpointing == 'none' else math.ceil(layers / layout.checkpoint_every)
     plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8)
     kept = activation_bytes_per_token(arch, setting.checkpointing, layout.sharded, False) if checkpointed else 0

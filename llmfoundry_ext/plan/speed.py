@@ -26,7 +26,7 @@ been measured. Mixtral's width with 2 layers on one H200, micro-batch 1, selecti
 52,655 tokens/s): 55,748 predicted (+5.9 %; +41 % without the weights' casts); at micro-batch 4, no checkpointing
 (auto's choice): 84,057 against 78,547 in bf16 (+7.0 %), 85,280 against 80,157 with float8 (+6.4 %).
 """
-from llmfoundry_ext.plan.memory import Setting, active_ffn_width
+from llmfoundry_ext.plan.memory import Setting, active_ffn_width, expert_params
 
 EFFICIENCY_MAX = 0.62
 HALF_WORK = 1.5e5           # tokens x width at which the efficiency is half its maximum
@@ -95,7 +95,7 @@ def recomputed_flops_per_token(arch, mode: str, seq_len: int, checkpointed_block
 def float8_matmul_params(arch) -> int:
     """Parameters of one block's linear layers that float8 speeds, those a token runs through: all of them, but a
     mixture of experts' grouped GEMMs (module docstring)."""
-    experts = 3 * arch.dim * active_ffn_width(arch) if hasattr(arch, 'experts_per_token') else 0
+    experts = 3 * arch.dim * active_ffn_width(arch) if expert_params(arch) else 0
     return block_matmul_params(arch) - experts
 
 
