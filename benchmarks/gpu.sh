@@ -60,6 +60,8 @@
 #   bash benchmarks/gpu.sh float8-mixtral [LAYERS]  the GPUs present: Mixtral-8x7B width, LAYERS layers (2), 4 samples
 #                                               of 4,096 tokens a GPU on auto settings: bf16, float8 on the blocks,
 #                                               and float8 on the experts' grouped GEMMs too (model.float8_experts)
+#   bash benchmarks/gpu.sh ep-mixtral [LAYERS]  2 GPUs: Mixtral-8x7B width, LAYERS layers (8), 4 samples of 4,096 tokens a
+#                                               GPU on auto settings: FSDP2 alone beside expert parallel 2
 #   bash benchmarks/gpu.sh bench ARGS           scripts/measure_speed.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/measure_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
@@ -94,6 +96,7 @@
 #                                               Mixtral's width, 2 layers, auto settings, from its own weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
 #                                               call (a JSON); a group that would outlast STOP_BY (540 s) is not begun
+#   bash benchmarks/gpu.sh grid-lanes CORPUS LR ROW-A ROW-B  2 GPUs: grid's cell, ROW-A on GPU 0 while ROW-B on GPU 1
 #   bash benchmarks/gpu.sh grid-speed [ROW ...]  one GPU: the grid's rows' tokens/s in one call (default: the shipped
 #                                               tied rows and torchtitan's): measure_learning.py --decide ... --speeds
 #                                               grid-speed.json times every row at one machine's speed
@@ -146,6 +149,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 GPUS=$(nvidia-smi -L | wc -l)
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && GPUS=$(tr , '\n' <<< "$CUDA_VISIBLE_DEVICES" | wc -l)  # a lane's GPUs
 python3 -c "import torch, composer, streaming; print('torch', torch.__version__, '|', torch.cuda.get_device_name(), \
 'x', torch.cuda.device_count(), '| composer', composer.__version__, '| streaming', streaming.__version__)"
 echo "installed and imported in $SECONDS s"
@@ -418,7 +422,7 @@ grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the 
   esac
   CELL=$corpus-$lr STEPS=$steps LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
     STOP_BY=$(( ${STOP_BY:-540} - SECONDS )) TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
-    LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus \
+    LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus${LANE:-} \
     learning "${GRID_SEED:-1}" "$@"
 }
 
@@ -611,9 +615,21 @@ case "${1:-}" in
       --row "bf16 $Y $A model.float8=false" --row "float8 $Y $A model.float8=true" \
       --row "float8-experts $Y $A model.float8=true model.float8_experts=true" \
       --versus float8:bf16 --versus float8-experts:bf16 ;;
+  ep-mixtral)  # [LAYERS] 2 GPUs: Mixtral-8x7B width with LAYERS layers (default 8), 4 samples of 4,096 tokens a GPU on
+    # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on each rank's CPU)
+    Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=${2:-8}"
+    A="device_microbatch_size=auto parallelism.fsdp.activation_checkpointing=auto parallelism.fsdp.reshard_after_forward=auto"
+    E=parallelism.expert_parallel_degree
+    python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/ep-mixtral.json" \
+      --row "fsdp $Y $A $E=1" --row "ep2 $Y $A $E=2" --versus ep2:fsdp 2>&1 | tee "$OUT/ep-mixtral.log" ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;
+  grid-lanes)  # CORPUS LR ROW-A ROW-B: 2 GPUs, a lane each at once: ROW-A's grid on GPU 0, ROW-B's on GPU 1 (each its
+    # own copy of the corpus; the weights drawn alike), a JSON each as grid's
+    CUDA_VISIBLE_DEVICES=0 LANE=-a grid "$2" "$3" "$4" 2>&1 | sed 's/^/[a] /' &
+    CUDA_VISIBLE_DEVICES=1 LANE=-b grid "$2" "$3" "$5" 2>&1 | sed 's/^/[b] /' &
+    wait ;;
   grid-speed)  # [ROW ...]: the grid's rows' tokens/s in one call (random tokens at the grid's 4 x 8,192, 5 warm-up and
     # 30 timed steps; default: the shipped tied rows and torchtitan's): one machine's speeds for --decide --speeds
     shift

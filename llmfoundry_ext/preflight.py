@@ -89,16 +89,11 @@ def load_downstream_tasks(config: TrainConfig):
 
 def check_expert_parallel_init(config: TrainConfig, init_device: str) -> None:
     """The experts are split from their whole weights, initialised or loaded on every rank's CPU
-    (``parallelism.shard_experts``); a model built on ``meta`` is not split yet, and no GPU has run it."""
+    (``parallelism.shard_experts``); a model built on ``meta`` or a GPU is not split yet."""
     key = 'parallelism.expert_parallel_degree'
-    if config.parallelism.expert_parallel_degree == 1:
-        return
-    if torch.cuda.is_available():
-        raise ConfigError(f'{key}: expert parallelism has run on CPU processes only, not yet on GPUs; set {key}=1 '
-                          f'(the experts are then FSDP2-sharded with the rest)')
-    if init_device != 'cpu':
+    if config.parallelism.expert_parallel_degree > 1 and init_device != 'cpu':
         raise ConfigError(f'{key}: the experts are split from weights built whole on each rank, and this run builds '
-                          f'them on {init_device}; set model.init_device=cpu, or {key}=1')
+                          f'them on {init_device}; set model.init_device=cpu (or auto), or {key}=1')
 
 
 def check_hardware(config: TrainConfig) -> None:

@@ -103,20 +103,19 @@ def test_experts_built_on_meta_are_not_split_yet(tiny_config, tmp_path, monkeypa
     line = config_error(prepare, tiny_config, tmp_path,
                         lambda config: [as_mixtral(config), changes((EP, 2), ('model.init_device', 'meta'))(config)])
     assert line == (f'{EP}: the experts are split from weights built whole on each rank, and this run builds them on '
-                    f'meta; set model.init_device=cpu, or {EP}=1')
+                    f'meta; set model.init_device=cpu (or auto), or {EP}=1')
 
 
-def test_a_gpu_is_refused_until_one_has_run_it(tiny_config, tmp_path, monkeypatch):
+@pytest.mark.parametrize('degree, device', [(1, 'meta'), (2, 'cpu')])
+def test_auto_builds_on_the_cpu_of_each_gpu_rank_where_the_experts_are_split(tiny_config, tmp_path, monkeypatch,
+                                                                             degree, device):
+    """Under FSDP2 on GPUs auto builds on meta, but the experts are split from whole weights: on the CPU."""
     from llmfoundry_ext.config import load
-    from llmfoundry_ext.errors import ConfigError
-    from llmfoundry_ext.preflight import check_expert_parallel_init
+    from llmfoundry_ext.machine import Machine, gpu_named
+    from llmfoundry_ext.plan.run_plan import init_device
 
-    monkeypatch.setenv('WORLD_SIZE', '2')
     as_mixtral(tiny_config)
-    changes((EP, 2))(tiny_config)
+    changes((EP, degree))(tiny_config)
+    monkeypatch.setenv('WORLD_SIZE', '2')
     config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
-    monkeypatch.setattr('torch.cuda.is_available', lambda: True)
-    with pytest.raises(ConfigError) as caught:
-        check_expert_parallel_init(config, 'meta')
-    assert str(caught.value) == (f'{EP}: expert parallelism has run on CPU processes only, not yet on GPUs; set '
-                                 f'{EP}=1 (the experts are then FSDP2-sharded with the rest)')
+    assert init_device(config, Machine.described(2, gpu_named('h100')), shards=True) == device
