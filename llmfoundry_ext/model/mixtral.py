@@ -96,9 +96,12 @@ class GroupedExperts(nn.Module):
         hidden = fused.swiglu(gate, up) if self.fused_swiglu else F.silu(gate) * up
         return F.grouped_mm(hidden, w2, offs=offsets)
 
+    @torch.compiler.disable
     def run_dispatched(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Every expert on ``routed`` [N, dim] (grouped by expert, ``counts`` [E] a group) over the expert group:
-        the copies go to their experts' ranks and their outputs come back in the same order."""
+        the copies go to their experts' ranks and their outputs come back in the same order. Eager in a compiled
+        block: the all-to-all's split sizes are the routing's, and Inductor traced its backward with the other
+        rank's (torch 2.11, H200: an invalid gradient of [32800, 4096] for [32768, 4096])."""
         group, ranks = self.expert_group, self.expert_group.size()
         sent = counts.to(torch.int64).view(ranks, -1)             # [rank, its expert]: my copies for each
         received = torch.empty_like(sent)                          # [source rank, my expert]: theirs for mine
