@@ -67,8 +67,8 @@ class GroupedExperts(nn.Module):
 
     def forward(self, tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
                 counts: torch.Tensor) -> torch.Tensor:
-        """tokens [T, dim], experts [T, k] (chosen expert ids), weights [T, k], counts [E] (``times_chosen``) -> the
-        weighted sum [T, dim]."""
+        """tokens [T, dim], experts [T, k] (chosen expert ids), weights [T, k], counts [E] (``times_chosen``, as
+        integers) -> the weighted sum [T, dim]."""
         top_k = experts.shape[1]
         order = experts.flatten().argsort(stable=True)           # the T*k routed copies, grouped by expert
         token_of = order // top_k
@@ -100,10 +100,9 @@ class GroupedExperts(nn.Module):
     def run_dispatched(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Every expert on ``routed`` [N, dim] (grouped by expert, ``counts`` [E] a group) over the expert group:
         the copies go to their experts' ranks and their outputs come back in the same order. Eager in a compiled
-        block: the all-to-all's split sizes are the routing's, and Inductor traced its backward with the other
-        rank's (torch 2.11, H200: an invalid gradient of [32800, 4096] for [32768, 4096])."""
+        block: the all-to-all's split sizes are the routing's, new each step, on which a traced graph specialises."""
         group, ranks = self.expert_group, self.expert_group.size()
-        sent = counts.to(torch.int64).view(ranks, -1)             # [rank, its expert]: my copies for each
+        sent = counts.view(ranks, -1)                              # [rank, its expert]: my copies for each
         received = torch.empty_like(sent)                          # [source rank, my expert]: theirs for mine
         torch.distributed.all_to_all_single(received, sent, group=group)
         send_sizes, receive_sizes = sent.sum(1).tolist(), received.sum(1).tolist()
@@ -173,7 +172,9 @@ class MoE(nn.Module):
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
         chosen = times_chosen(experts, probabilities.shape[1])
         statistics = torch.stack((chosen, probabilities.sum(dim=0)))
-        return self.experts(tokens, experts, weights, chosen).view_as(x), statistics
+        # integers: FSDP2's mixed precision casts a sharded module's float inputs to bf16, and expert parallelism
+        # shards the experts on their own (4,197 rows would arrive as 4,192)
+        return self.experts(tokens, experts, weights, chosen.to(torch.int64)).view_as(x), statistics
 
 
 class MixtralBlock(TransformerBlock):

@@ -176,6 +176,25 @@ def test_router_statistics_count_every_routed_token():
     torch.testing.assert_close(statistics[:, 1].sum(dim=1), torch.tensor([48.0, 48.0]))  # probabilities sum to 1
 
 
+def test_experts_sharded_on_their_own_under_bf16_mixed_precision_get_exact_counts(one_process_group, monkeypatch):
+    """Expert parallelism shards the experts as an FSDP2 unit of their own, whose mixed precision casts float inputs
+    to bf16: counts handed over as floats arrived rounded (2 H200s: split sizes of 32,800 for 32,768 routed rows)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    config = MixtralConfig(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=96, vocab_size=101, n_experts=2,
+                           experts_per_token=1, rope_theta=10000.0, rope_scaling_factor=1.0, max_seq_len=2048)
+    moe = MoE(config, KernelConfig(), layer_id=0)
+    moe.experts.init_weights()
+    fully_shard(moe.experts, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    arrived = []
+    monkeypatch.setattr(GroupedExperts, 'run_local', lambda self, routed, counts: arrived.append(counts) or routed)
+    moe.gate.weight.data = torch.tensor([[1.0] + [0.0] * 63, [0.0] * 64])  # expert 0 where the first feature > 0
+    tokens = torch.randn(1, 1025, 64)
+    moe(tokens)
+    assert arrived[0].tolist() == [int((tokens[0, :, 0] > 0).sum()), int((tokens[0, :, 0] <= 0).sum())]
+
+
 def test_experts_initialised_with_depth_scaled_down_projection():
     torch.manual_seed(0)
     model = Mixtral(MixtralConfig(dim=256, ffn_dim=512, n_layers=8, n_experts=4, vocab_size=64))
