@@ -25,13 +25,15 @@ feed-forward width a token runs through, V the vocabulary):
   copy: 6 bytes a weight) and its input's (2 T k f_expert), counted in the same largest.
 - at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
 - a mixture of experts under expert parallelism (degree X): a block's experts are a unit of their own, and a rank
-  gathers the X-th of them its group holds (tested on the arithmetic; no GPU measurement yet).
+  gathers the X-th of them its group holds; their SwiGLU runs eager (the dispatch is outside the compiled block),
+  keeping SiLU's output as well (2 f a token more, without checkpointing).
 
 The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
 peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
 H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
-H200 at eight settings (``benchmarks/results/plan``; docs/planning.md), and Mixtral's width with 2 layers on one H200
-in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``). The counter it predicts is
+H200 at eight settings (``benchmarks/results/plan``; docs/planning.md), Mixtral's width with 2 layers on one H200
+in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``) and with 8 layers on two H200s,
+FSDP2 alone and expert parallel 2 (``benchmarks/results/ep-mixtral_h200x2``). The counter it predicts is
 ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
 plan's fit margin covers (``run_plan.usable_bytes``).
 """
@@ -84,13 +86,14 @@ def active_ffn_width(arch) -> int:
     return arch.ffn_dim * getattr(arch, 'experts_per_token', 1)
 
 
-def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool) -> int:
-    """What one block keeps for its backward, a token (module docstring)."""
+def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool, eager_experts: bool = False) -> int:
+    """What one block keeps for its backward, a token (module docstring); ``eager_experts``: the experts' SwiGLU
+    runs outside the compiled block (expert parallelism's dispatch) and keeps its SiLU's output too."""
     d, kv, f = arch.dim, arch.n_kv_heads * arch.head_dim, active_ffn_width(arch)
     residual = (4 if sharded else 8) * d  # the block's input and the residual after attention
     log_sum_exp = 4 * arch.n_heads
     if mode == 'none':
-        kept = residual + 2 * (4 * d + 2 * kv + 3 * f) + log_sum_exp
+        kept = residual + 2 * (4 * d + 2 * kv + (4 if eager_experts else 3) * f) + log_sum_exp
         saving = FLOAT8_ACTIVATION_SAVING['sharded' if sharded else 'one GPU']
         float8_inputs = 2 * d if expert_params(arch) else 3 * d + f
         return kept - (int(saving * float8_inputs) if float8 else 0)
@@ -141,7 +144,7 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     else:  # autocast's copies: the norms' weights are not cast
         compute_weights = layers * (block_bytes - linear_bytes * 2 * arch.dim) + 2 * output_params
     checkpointed = 0 if setting.checkpointing == 'none' else math.ceil(layers / layout.checkpoint_every)
-    plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8)
+    plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8, layout.expert_parallel > 1)
     kept = activation_bytes_per_token(arch, setting.checkpointing, layout.sharded, False) if checkpointed else 0
     states, gradients = 12 * params // shards, 4 * params // shards
     forward = {
