@@ -61,7 +61,8 @@
 #                                               of 4,096 tokens a GPU on auto settings: bf16, float8 on the blocks,
 #                                               and float8 on the experts' grouped GEMMs too (model.float8_experts)
 #   bash benchmarks/gpu.sh ep-mixtral [LAYERS]  2 GPUs: Mixtral-8x7B width, LAYERS layers (8), 4 samples of 4,096 tokens a
-#                                               GPU on auto settings: FSDP2 alone beside expert parallel 2
+#                                               GPU on auto settings: FSDP2 alone beside expert parallel 2 (CPU
+#                                               and meta builds)
 #   bash benchmarks/gpu.sh bench ARGS           scripts/measure_speed.py ARGS on the GPUs present
 #   bash benchmarks/gpu.sh learning SEEDS ROW...  scripts/measure_learning.py: 1B (llama1b.yaml untied, local batch 2) on
 #                                               the same tokens, each ROW (ours gpt2 titan hf float8 float8-rowwise
@@ -165,7 +166,7 @@ declare -A PART_TESTS=(  # each part's tests: one H200 runs every part within PA
   [shipped-8b]="$SHIPPED[llama8b.yaml]"
   [shipped-70b]="$SHIPPED[llama70b.yaml]"
   [shipped-mixtral]="$SHIPPED[mixtral8x7b.yaml]"
-  [2gpu]="tests/test_parallelism_gpu.py::test_context_parallel_2_gives_the_losses_and_gradients_of_the_whole_sequence
+  [2gpu]="tests/test_expert_parallel_gpu.py tests/test_parallelism_gpu.py::test_context_parallel_2_gives_the_losses_and_gradients_of_the_whole_sequence
     tests/test_parallelism_gpu.py::test_full_except_attention_under_context_parallel_2_keeps_the_ring_out_of_the_recomputation
     $SHIPPED[llama8b-131k.yaml]"
 )
@@ -616,12 +617,14 @@ case "${1:-}" in
       --row "float8-experts $Y $A model.float8=true model.float8_experts=true" \
       --versus float8:bf16 --versus float8-experts:bf16 ;;
   ep-mixtral)  # [LAYERS] 2 GPUs: Mixtral-8x7B width with LAYERS layers (default 8), 4 samples of 4,096 tokens a GPU on
-    # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on each rank's CPU)
+    # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on each rank's CPU,
+    # then on meta: model.init_device=meta)
     Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=${2:-8}"
     A="device_microbatch_size=auto parallelism.fsdp.activation_checkpointing=auto parallelism.fsdp.reshard_after_forward=auto"
     E=parallelism.expert_parallel_degree
     python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/ep-mixtral.json" \
-      --row "fsdp $Y $A $E=1" --row "ep2 $Y $A $E=2" --versus ep2:fsdp 2>&1 | tee "$OUT/ep-mixtral.log" ;;
+      --row "fsdp $Y $A $E=1" --row "ep2 $Y $A $E=2" --row "ep2-meta $Y $A $E=2 model.init_device=meta" \
+      --versus ep2:fsdp 2>&1 | tee "$OUT/ep-mixtral.log" ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;

@@ -34,14 +34,14 @@ def build_model(run: Run, context_parallel: ContextParallel | None = None) -> tu
     model = LanguageModel(transformer, compile_loss=config.model.compile)
     if model.routed:
         callbacks.append(ExpertLoad())
-    if device == 'meta':
+    if device == 'meta':  # split before Composer materialises each rank's shards and initialises them
         model.model.param_init_fn = model.model.init_module  # Composer's meta_init calls it per module
-        return model, callbacks
-    model.model.init_weights()
-    if config.model.init_from:
-        tensors = read_weights_tensors(config.model.init_from, config.model.family_entry())
-        load_into(model.model, tensors, skip=tuple(config.model.init_skip))
-    if config.parallelism.expert_parallel_degree > 1:  # the experts' whole weights, initialised or loaded, split
+    else:
+        model.model.init_weights()
+        if config.model.init_from:
+            tensors = read_weights_tensors(config.model.init_from, config.model.family_entry())
+            load_into(model.model, tensors, skip=tuple(config.model.init_skip))
+    if config.parallelism.expert_parallel_degree > 1:  # the experts' whole weights (or meta), split
         shard_experts(transformer, config)
     return model, callbacks
 

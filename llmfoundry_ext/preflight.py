@@ -57,7 +57,6 @@ def check(config: TrainConfig) -> Run:
     plan = settle(config, Machine.from_environment(gpu_of_this_machine()), float8_problem() is None)
     config = plan.config
     kernels = resolve_kernels(config)
-    check_expert_parallel_init(config, plan.init_device)
     check_init_from(config.model)
     check_checkpoint_paths(config, plan.sharded_checkpoints)
     vocabulary = Vocabulary(config)
@@ -85,15 +84,6 @@ def load_downstream_tasks(config: TrainConfig):
         return None
     from llmfoundry_ext.downstream import load_run_tasks
     return load_run_tasks(config.downstream, config.data.tokenizer)
-
-
-def check_expert_parallel_init(config: TrainConfig, init_device: str) -> None:
-    """The experts are split from their whole weights, initialised or loaded on every rank's CPU
-    (``parallelism.shard_experts``); a model built on ``meta`` or a GPU is not split yet."""
-    key = 'parallelism.expert_parallel_degree'
-    if config.parallelism.expert_parallel_degree > 1 and init_device != 'cpu':
-        raise ConfigError(f'{key}: the experts are split from weights built whole on each rank, and this run builds '
-                          f'them on {init_device}; set model.init_device=cpu (or auto), or {key}=1')
 
 
 def check_hardware(config: TrainConfig) -> None:

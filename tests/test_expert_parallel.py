@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from tests.conftest import changes, config_error, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
 from tests.test_parallelism import mean_losses
 
@@ -25,8 +26,6 @@ def mixtral(config: dict, folder, degree: int) -> str:
 def train_mixtral(config: dict, processes: int, runs: list[tuple], norms=None) -> list[dict[int, dict]]:
     """One launch of ``processes`` ranks training each (folder, degree, override...) in turn; their ledgers.
     ``norms``: a JSON file for each run's gradient norms (tests/gradient_norms_worker.py)."""
-    from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-
     outputs = train_runs(processes, [shlex.join([mixtral(config, folder, degree), *overrides])
                                      for folder, degree, *overrides in runs],
                          worker=['tests/gradient_norms_worker.py', str(norms)] if norms else None)
@@ -96,20 +95,42 @@ def test_a_degree_that_cannot_split_the_experts_is_one_line(tiny_config, tmp_pat
         message
 
 
-def test_experts_built_on_meta_are_not_split_yet(tiny_config, tmp_path, monkeypatch):
-    from llmfoundry_ext.preflight import prepare
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_experts_split_on_a_meta_build_are_drawn_and_resume_at_degree_1(tiny_config, tmp_path):
+    """The meta build (auto's on GPUs without init_from): the experts split while on meta, each rank's share drawn by
+    Composer after (on the CPU here: tests/meta_on_cpu_worker.py), at the init std (a learning rate of 0 keeps the
+    draw to the checkpoint); its checkpoint at batch 10 resumed at degree 1 gives the losses of the run going on at
+    2 (within 1e-5 relative, as above) and its samples. That the two ranks draw their shares apart is DTensor's CUDA
+    RNG (tests/test_expert_parallel_gpu.py): on the CPU DTensor has none, and both draw the same share."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    monkeypatch.setenv('WORLD_SIZE', '2')
-    line = config_error(prepare, tiny_config, tmp_path,
-                        lambda config: [as_mixtral(config), changes((EP, 2), ('model.init_device', 'meta'))(config)])
-    assert line == (f'{EP}: the experts are split from weights built whole on each rank, and this run builds them on '
-                    f'meta; set model.init_device=cpu (or auto), or {EP}=1')
+    tiny_config.update(max_duration='20ba')
+    meta = 'model.init_device=meta'
+    runs = [shlex.join([mixtral(tiny_config, tmp_path / folder, 2), meta, *overrides])
+            for folder, overrides in (('ep2', []), ('drawn', ['optimizer.lr=0', 'max_duration=10ba']))]
+    train_runs(2, runs, worker=['tests/meta_on_cpu_worker.py'])
+    dcp_to_torch_save(str(tmp_path / 'drawn' / 'checkpoints' / 'ep0-ba10'), str(tmp_path / 'drawn.pt'))
+    gate = torch.load(tmp_path / 'drawn.pt', weights_only=False)['state']['model']['model.layers.0.mlp.experts.w1']
+    assert gate.shape == (4, 64, 64)
+    assert gate.std().item() == pytest.approx(0.02, rel=0.05)
+    shutil.copytree(tmp_path / 'ep2', tmp_path / 'at-1', symlinks=True)
+    keep_checkpoints_up_to(tmp_path / 'at-1' / 'checkpoints', 10)
+    shutil.rmtree(tmp_path / 'at-1' / 'ledger')
+    at_1, = train_mixtral(tiny_config, 2, [(tmp_path / 'at-1', 1)])
+    split = {rank: read_ledger(str(tmp_path / 'ep2' / 'ledger' / f'ledger-rank{rank}.jsonl')) for rank in range(2)}
+    later = range(11, 21)
+    assert [sorted(ledger) for ledger in at_1.values()] == [list(later)] * 2
+    assert global_batches(at_1, later) == global_batches(split, later)
+    assert mean_losses(at_1, later) == pytest.approx(mean_losses(split, later), rel=1e-5, abs=0)
 
 
 @pytest.mark.parametrize('degree, device', [(1, 'meta'), (2, 'cpu')])
 def test_auto_builds_on_the_cpu_of_each_gpu_rank_where_the_experts_are_split(tiny_config, tmp_path, monkeypatch,
                                                                              degree, device):
-    """Under FSDP2 on GPUs auto builds on meta, but the experts are split from whole weights: on the CPU."""
+    """Under FSDP2 on GPUs auto builds on meta, but under expert parallelism on the CPU: the split that has run on
+    GPUs (the meta build's is opt-in, ``model.init_device=meta``, until it has)."""
     from llmfoundry_ext.config import load
     from llmfoundry_ext.machine import Machine, gpu_named
     from llmfoundry_ext.plan.run_plan import init_device
