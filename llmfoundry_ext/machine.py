@@ -76,10 +76,16 @@ class Machine:
     node_rank: int = 0
     gpu: Optional[GPU] = None
     job: Optional[str] = None
+    restart: int = 0        # torchrun's elastic agent: this worker group's restart (0: its first start)
+    max_restarts: int = 0   # and how many it may make (0: not elastic, or none allowed)
 
     @property
     def nodes(self) -> int:
         return max(1, self.world_size // self.local_world_size)
+
+    @property
+    def restarts_left(self) -> int:
+        return self.max_restarts - self.restart
 
     @classmethod
     def from_environment(cls, gpu: Optional[GPU] = None) -> 'Machine':
@@ -89,7 +95,9 @@ class Machine:
                if 'MASTER_PORT' in os.environ and 'WORLD_SIZE' in os.environ else None)
         node_rank = os.environ.get('NODE_RANK', os.environ.get('GROUP_RANK', '0'))  # torchrun: GROUP_RANK
         return cls(world_size=world, local_world_size=int(os.environ.get('LOCAL_WORLD_SIZE', str(world))),
-                   rank=int(os.environ.get('RANK', '0')), node_rank=int(node_rank), gpu=gpu, job=job)
+                   rank=int(os.environ.get('RANK', '0')), node_rank=int(node_rank), gpu=gpu, job=job,
+                   restart=int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')),
+                   max_restarts=int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0')))
 
     @classmethod
     def described(cls, gpus: int, gpu: GPU, gpus_per_node: int = 8) -> 'Machine':

@@ -5,10 +5,11 @@ NCCL until its timeout (Composer's ``dist_timeout``, minutes), gloo with a trace
 that names no node. Neither torch nor Composer watches the nodes (torchelastic's agent restarts workers, it does
 not name a lost node to a Slurm job), so each rank runs a daemon thread here: every node's local rank 0 adds to its
 node's counter in the job's rendezvous store (the TCPStore at ``MASTER_ADDR:MASTER_PORT`` that the process group
-already uses) every ``HEARTBEAT_SECONDS``; every rank reads all the counters, and when one has not moved for
+already uses) every ``HEARTBEAT_SECONDS`` (or a sixth of the timeout, where that is shorter); every rank reads all the counters, and when one has not moved for
 ``timeout`` seconds of this rank's clock (or the store itself, on node 0, cannot be reached) it prints one line
 naming the node and ends its process, so the launcher and ``srun --kill-on-bad-exit`` end the job. Re-submitting
-the job resumes from the last checkpoint.
+the job resumes from the last checkpoint. Under torchrun's elastic agent (``--nnodes=MIN:MAX``, docs/reliability.md)
+the agent restarts the workers on the nodes left instead, while it has restarts left, and the line says so.
 """
 import os
 import sys
@@ -18,6 +19,8 @@ from datetime import timedelta
 from typing import Optional
 
 from composer.utils import dist
+
+from llmfoundry_ext.machine import Machine
 
 HEARTBEAT_SECONDS = 5.0
 EXIT_STATUS = 3
@@ -29,12 +32,13 @@ class NodeWatch:
     """Heartbeats of every node of the job, kept and checked on a daemon thread.
 
     ``store``: a client of the job's store; ``nodes``: how many nodes the job has; ``node``: this one's rank;
-    ``beats``: whether this process beats for its node (its local rank 0); ``on_lost(message)``: what to do when a
-    node is lost (default: ``stop_this_process``)."""
+    ``beats``: whether this process beats for its node (its local rank 0); ``next_step``: what the line says follows
+    (``what_follows``); ``on_lost(message)``: what to do when a node is lost (default: ``stop_this_process``)."""
 
     def __init__(self, store, nodes: int, node: int, beats: bool, timeout: float, interval: float = HEARTBEAT_SECONDS,
-                 on_lost=None):
+                 on_lost=None, next_step: str = RESUBMIT):
         self.store, self.nodes, self.node, self.beats = store, nodes, node, beats
+        self.next_step = next_step
         self.timeout, self.interval = timeout, interval
         self.on_lost = on_lost or (lambda message: stop_this_process(message, beats, interval))
         self.counts: dict[int, int] = {}
@@ -76,13 +80,13 @@ class NodeWatch:
             counts = {node: self.store.add(KEY.format(node), 0) for node in range(self.nodes)}
         except Exception as error:  # noqa: BLE001 - any failure to reach the store means its host is gone
             return (f'node 0 of {self.nodes} (the job\'s rendezvous store) cannot be reached '
-                    f'({type(error).__name__}): stopping node {self.node}. {RESUBMIT}')
+                    f'({type(error).__name__}): stopping node {self.node}. {self.next_step}')
         for node, count in counts.items():
             if count != self.counts.get(node):
                 self.counts[node], self.last_change[node] = count, now
             elif now - self.last_change[node] > self.timeout:
                 return (f'node {node} of {self.nodes} stopped answering (no heartbeat for {self.timeout:g} s): '
-                        f'stopping node {self.node}. {RESUBMIT}')
+                        f'stopping node {self.node}. {self.next_step}')
         return None
 
 
@@ -97,13 +101,21 @@ def stop_this_process(message: str, first_of_node: bool, interval: float) -> Non
     os._exit(EXIT_STATUS)
 
 
-def start_node_watch(timeout: float) -> Optional[NodeWatch]:
+def what_follows(machine: Machine) -> str:
+    """The end of a lost node's line: torchrun's elastic agent restarts the workers while it may, else re-submit."""
+    if machine.restarts_left > 0:
+        return (f"torchrun's elastic agent restarts the workers on the nodes left (restart {machine.restart + 1} of "
+                f"{machine.max_restarts}), from the last checkpoint.")
+    return RESUBMIT
+
+
+def start_node_watch(timeout: float, machine: Machine) -> Optional[NodeWatch]:
     """A started NodeWatch when the job's ranks are on more than one node (None otherwise), on its own client of the
     launcher's store."""
-    nodes = dist.get_world_size() // dist.get_local_world_size()
-    if nodes == 1:
+    if machine.nodes == 1:
         return None
     from torch.distributed import TCPStore
     store = TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False,
                      timeout=timedelta(seconds=min(timeout, 30)))
-    return NodeWatch(store, nodes, dist.get_node_rank(), dist.get_local_rank() == 0, timeout).start()
+    return NodeWatch(store, machine.nodes, machine.node_rank, machine.rank % machine.local_world_size == 0, timeout,
+                     interval=min(HEARTBEAT_SECONDS, timeout / 6), next_step=what_follows(machine)).start()

@@ -15,7 +15,7 @@ from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.stale_shm import remove_stale_streaming_state
 from llmfoundry_ext.downstream_callback import DownstreamEvaluation
 from llmfoundry_ext.errors import ConfigError, TrainingStopped
-from llmfoundry_ext.machine import GIB, global_rank, name_the_node_rank
+from llmfoundry_ext.machine import GIB, Machine, global_rank, name_the_node_rank
 from llmfoundry_ext.node_watch import start_node_watch
 from llmfoundry_ext.parallelism import describe_checkpointing
 from llmfoundry_ext.plan.run_plan import PRECISION_REPORT
@@ -65,7 +65,7 @@ def train(run: Run, extra_callbacks: list = (), model=None):
     device = get_device(None)
     dist.initialize_dist(device, DIST_TIMEOUT_SECONDS)  # before the datasets, so streaming uses this group
     default_sigterm()
-    watch = start_node_watch(run.config.node_timeout_s)
+    watch = start_node_watch(run.config.node_timeout_s, run.plan.machine)
     try:
         trainer = build_and_fit(run, device, extra_callbacks, model)
     except (ConfigError, TrainingStopped):
@@ -184,6 +184,7 @@ def start_summary(run: Run, trainer) -> str:
         f'compiled blocks {model.compile}, '
         f"fused kernels {', '.join(model.fused_kernels) or 'none'}{float8_text(model)}",
         *run.plan.summary(),
+        *elastic_line(run.plan.machine),
         f'  tokens per step {config.tokens_per_step:,} = global batch {config.global_batch_size} x sequence '
         f'{config.max_seq_len}; FLOPs per token {architecture.flops_per_token(config.max_seq_len):,}',
         f'  duration {config.max_duration}' + (f' = {batches * config.tokens_per_step:,} tokens' if batches else ''),
@@ -194,6 +195,16 @@ def start_summary(run: Run, trainer) -> str:
          '  starting from scratch (no checkpoint found)'),
     ]
     return '\n'.join(lines)
+
+
+def elastic_line(machine: Machine) -> list[str]:
+    """Under torchrun's elastic agent: which start of the worker group this is, on how many nodes."""
+    if machine.max_restarts == 0:
+        return []
+    nodes = f"{machine.nodes} node{'s' if machine.nodes > 1 else ''}"
+    start = f'restart {machine.restart} of {machine.max_restarts}' if machine.restart else \
+        f'first start, {machine.max_restarts} restarts allowed'
+    return [f"  elastic (torchrun): {start}; {machine.world_size} ranks on {nodes}"]
 
 
 def optimizer_line(run: Run) -> str:

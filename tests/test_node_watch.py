@@ -78,3 +78,19 @@ def test_a_job_that_ends_well_ends_without_an_error_on_any_node(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     assert not lost.exists(), lost.read_text()
+
+
+def test_under_torchruns_elastic_agent_the_line_says_the_workers_restart_while_they_may(monkeypatch):
+    from llmfoundry_ext.machine import Machine
+    from llmfoundry_ext.node_watch import RESUBMIT, what_follows
+    monkeypatch.setenv('WORLD_SIZE', '4')
+    monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
+    monkeypatch.setenv('TORCHELASTIC_MAX_RESTARTS', '3')
+    second_start = Machine.from_environment()
+    assert (second_start.nodes, second_start.restart, second_start.restarts_left) == (2, 1, 2)
+    assert what_follows(second_start) == ("torchrun's elastic agent restarts the workers on the nodes left (restart 2 "
+                                          "of 3), from the last checkpoint.")
+    monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '3')
+    assert what_follows(Machine.from_environment()) == RESUBMIT  # none left: the agent ends the job
+    assert what_follows(Machine(world_size=4, local_world_size=2)) == RESUBMIT  # Composer's launcher

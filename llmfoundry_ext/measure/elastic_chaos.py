@@ -1,0 +1,251 @@
+"""Chaos trials for a job that loses a node: two "nodes" on this machine, each torchrun's elastic agent with 2
+processes (``--nnodes=1:2``, c10d rendezvous hosted by node 0), FSDP2 over the 4 ranks with sharded checkpoints
+(``chaos.run_yaml``). Node 1's agent and workers are killed with ``kill -9`` at a random batch (odd trials inside a
+checkpoint write); the node watch on node 0 names the lost node and ends its workers, the agent restarts them at the
+new membership (2 ranks), autoresume loads the last sealed checkpoint and the plan settles again for 2 ranks, the
+global batch kept. Each trial is checked against an uninterrupted run (every batch's global sample ids) and against
+a run resumed by hand from the same checkpoint on one node (each rank's losses after it, bit for bit), and times the
+recovery from node 0's console: the node watch's line, the restarted group's start, the checkpoint loaded, its first
+batch.
+
+Node 1, not node 0: node 0's agent hosts the rendezvous, and its loss ends the job (torchrun's c10d rendezvous has
+one host; docs/reliability.md).
+"""
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import yaml
+
+from llmfoundry_ext.callbacks.sample_ledger import read_ledger
+from llmfoundry_ext.measure.chaos import BATCHES, KEEP, SAVE_EVERY, Runner, resumption, run_yaml, write_streams, writing
+
+PER_NODE = 2             # processes a node
+NODE_TIMEOUT_S = 5       # node_timeout_s: how long a silent node is waited for
+LAST_CALL_S = 2          # the rendezvous waits this long for more nodes once it has its minimum
+MAX_RESTARTS = 3
+
+
+@dataclass
+class Recovery:
+    number: int
+    aimed_inside_write: bool
+    killed_after_batch: int      # the last batch rank 0 had recorded at the kill
+    killed_inside_write: str     # the checkpoint being written at the kill, or ''
+    resumed_from_batch: int
+    skipped: str                 # the broken checkpoint autoresume moved aside, or ''
+    detected_s: float            # seconds from the kill to the node watch's line on node 0
+    restarted_s: float           # to the restarted group's start summary
+    loaded_s: float              # to its checkpoint loaded (autoresume's line)
+    first_batch_s: float         # to its first batch trained
+    redone: int                  # batches trained again: killed_after_batch - resumed_from_batch
+    exit_status: int             # node 0's agent
+    same_samples: bool           # every batch's global sample ids equal the uninterrupted run's
+    same_losses: bool            # each rank's losses after the checkpoint equal the run resumed by hand
+
+
+# A node of its own on this machine: a user and mount namespace with an empty /dev/shm (streaming keeps a node's
+# shared memory there, and two nodes' collide; tests/launch_server.py does the same for Composer's launcher).
+NODE_OF_ITS_OWN = ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c',
+                   'mount --make-rprivate / && mount -t tmpfs tmpfs /dev/shm && exec "$@"', 'node']
+
+
+# torchrun's agents share one store with their workers over every restart (torch 2.11): a restarted group read the
+# dead group's addresses from it, and gloo connected to ports no longer open (3 restarts of 4 here). Off, each
+# restart's workers get a store of their own (scripts/slurm/launch.sh sets it too).
+ELASTIC_ENVIRONMENT = {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
+
+
+def elastic_command(port: int, job: str) -> list[str]:
+    """torchrun's elastic agent for one node of 1 to 2, its rendezvous at 127.0.0.1:``port``: the local form of
+    ``scripts/slurm/launch.sh`` with ``MIN_NODES`` (docs/reliability.md)."""
+    return [sys.executable, '-m', 'torch.distributed.run', '--nnodes=1:2', f'--nproc-per-node={PER_NODE}',
+            '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}', f'--rdzv-id={job}',
+            f'--rdzv-conf=last_call_timeout={LAST_CALL_S}', f'--max-restarts={MAX_RESTARTS}', '--monitor-interval=1']
+
+
+class Console:
+    """A node's output, each line stamped on arrival (``time.monotonic``) and appended to its log file."""
+
+    def __init__(self, process: subprocess.Popen, path: str):
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(process, path), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen, path: str) -> None:
+        with open(path, 'a') as log:
+            for line in process.stdout:
+                self.lines.append((time.monotonic(), line))
+                log.write(line)
+                log.flush()
+
+    def first_after(self, start: float, pattern: str) -> float:
+        """Seconds from ``start`` to the first line after it matching ``pattern`` (-1: none)."""
+        self._thread.join(timeout=5)
+        return next((stamp - start for stamp, line in self.lines if stamp >= start and re.search(pattern, line)), -1)
+
+
+class ElasticRunner(Runner):
+    """``chaos.Runner`` (its uninterrupted and by-hand runs on one node) and the two-node elastic job."""
+
+    def start_node(self, name: str, node: int, port: int, slow_writes: bool) -> tuple[subprocess.Popen, Console]:
+        process = subprocess.Popen([*NODE_OF_ITS_OWN, *elastic_command(port, name), 'train.py', self.yaml_path,
+                                    f'run_name={name}'],
+                                   cwd=self.repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   env={**self.env, **ELASTIC_ENVIRONMENT,
+                                        'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
+                                   start_new_session=True)
+        return process, Console(process, os.path.join(self.folder, f'{name}-node{node}.log'))
+
+    def ranks(self, name: str, ranks: int) -> list[dict[int, dict]]:
+        return [read_ledger(os.path.join(self.folder, name, 'ledger', f'ledger-rank{rank}.jsonl'))
+                for rank in range(ranks)]
+
+
+def elastic_yaml(folder: str) -> str:
+    """``chaos.run_yaml`` with a line a batch (the recovery's first batch is timed), a node watch of
+    ``NODE_TIMEOUT_S`` and the data's canonical nodes fixed."""
+    path = run_yaml(folder, write_streams(folder), KEEP)
+    with open(path) as file:
+        config = yaml.safe_load(file)
+    config.update(log_interval='1ba', node_timeout_s=NODE_TIMEOUT_S)
+    config['data']['train']['num_canonical_nodes'] = 2  # the sample order of 2 nodes, on 1 or 2 (as the YAMLs fix it)
+    with open(path, 'w') as file:
+        yaml.safe_dump(config, file)
+    return path
+
+
+def global_samples(ledgers: list[dict[int, dict]], resumed: int, survivors: int) -> list[list[int]]:
+    """Each batch's sample ids over the job's ranks: up to the checkpoint resumed from, every rank's (the first
+    start); after it, the survivors' (ranks 0 to ``survivors - 1``; the lost node's records of batches redone are
+    stale)."""
+    return [sorted(i for ledger in (ledgers if batch <= resumed else ledgers[:survivors]) for i in
+                   ledger[batch]['sample_ids']) for batch in range(1, BATCHES + 1)]
+
+
+def lose_node_1(runner: ElasticRunner, name: str, inside_write: bool, rng: random.Random, port: int):
+    """Start the two nodes, kill node 1's process group inside the write of a random checkpoint or at a random
+    batch; (node 0's agent, its console, the last batch rank 0 recorded, the checkpoint being written, the kill's
+    time)."""
+    ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
+    target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
+    node0, console = runner.start_node(name, 0, port, inside_write)
+    wait_for_the_rendezvous(port)  # node 0 hosts it: started together, either agent may bind the port first
+    node1, _ = runner.start_node(name, 1, port, inside_write)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and node0.poll() is None:
+        in_progress = writing(runner.checkpoints(name))
+        recorded = max(read_ledger(ledger), default=0) if os.path.exists(ledger) else 0
+        if (in_progress == f'ep0-ba{target}') if inside_write else recorded >= target:
+            os.killpg(node1.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            node1.wait()
+            return node0, console, max(read_ledger(ledger), default=0), in_progress, killed
+        time.sleep(0.01)
+    raise RuntimeError(f'{name}: the job ended or stalled before its kill point; see {runner.folder}/{name}-node0.log')
+
+
+def wait_for_the_rendezvous(port: int, seconds: float = 60) -> None:
+    """Until the rendezvous's store listens on 127.0.0.1:``port``."""
+    import socket
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(('127.0.0.1', port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f'no rendezvous on 127.0.0.1:{port} after {seconds:g} s')
+
+
+def resume_by_hand(runner: ElasticRunner, name: str, batch: int) -> list[dict[int, dict]]:
+    """The trial's folder as it was at its checkpoint of ``batch``, resumed by Composer's launcher on one node."""
+    from llmfoundry_ext.resumption import CHECKPOINT_NAME
+
+    by_hand = f'{name}-by-hand'
+    shutil.copytree(os.path.join(runner.folder, name), os.path.join(runner.folder, by_hand), symlinks=True)
+    checkpoints = runner.checkpoints(by_hand)
+    for entry in os.listdir(checkpoints):
+        found = CHECKPOINT_NAME.match(entry)
+        if found and int(found[1]) > batch:
+            shutil.rmtree(os.path.join(checkpoints, entry), ignore_errors=True)
+    shutil.rmtree(os.path.join(runner.folder, by_hand, 'ledger'))
+    runner.finish(by_hand, attempts=1)
+    return runner.ranks(by_hand, PER_NODE)
+
+
+def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: random.Random) -> Recovery:
+    from composer.utils import get_free_tcp_port
+
+    name = f'elastic{number:02d}'
+    aimed_inside = number % 2 == 1
+    node0, console, killed_after, inside, killed = lose_node_1(runner, name, aimed_inside, rng, get_free_tcp_port())
+    status = node0.wait(timeout=300)
+    resumed, skipped = resumption(''.join(line for stamp, line in console.lines if stamp >= killed))
+    ledgers = runner.ranks(name, 2 * PER_NODE)
+    by_hand = resume_by_hand(runner, name, resumed)
+    after = range(resumed + 1, BATCHES + 1)
+    same_losses = all([ledgers[rank][b]['loss'] for b in after] == [by_hand[rank][b]['loss'] for b in after]
+                      for rank in range(PER_NODE))
+    return Recovery(number, aimed_inside, killed_after, inside, resumed, skipped,
+                    console.first_after(killed, 'stopped answering'), console.first_after(killed, r'^run \S+: '),
+                    console.first_after(killed, 'autoresume: resuming'), console.first_after(killed, r'^batch \d+/'),
+                    killed_after - resumed, status, global_samples(ledgers, resumed, PER_NODE) == expected,
+                    same_losses)
+
+
+def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -> list[Recovery]:
+    """The uninterrupted run (one node), then ``trials`` two-node jobs that lose node 1, each reported as it ends."""
+    runner = ElasticRunner(folder, elastic_yaml(folder), write_delay)
+    runner.finish('uninterrupted', attempts=1)
+    expected = global_samples(runner.ranks('uninterrupted', PER_NODE), BATCHES, PER_NODE)
+    rng = random.Random(seed)
+    results = []
+    for number in range(1, trials + 1):
+        results.append(trial(runner, number, expected, rng))
+        report(format_row(results[-1]))
+    return results
+
+
+HEADER = (f"{'trial':>5} {'aimed at':>8} {'killed after':>12} {'inside write of':>15} {'resumed from':>12} "
+          f"{'redone':>6} {'detected s':>10} {'restarted s':>11} {'loaded s':>8} {'first batch s':>13} "
+          f"{'exit':>4} {'samples':>7} {'losses':>6}")
+
+
+def format_row(r: Recovery) -> str:
+    aimed = 'a write' if r.aimed_inside_write else 'a batch'
+    return (f"{r.number:>5} {aimed:>8} {f'batch {r.killed_after_batch}':>12} {r.killed_inside_write or '-':>15} "
+            f"{f'batch {r.resumed_from_batch}':>12} {r.redone:>6} {r.detected_s:>10.1f} {r.restarted_s:>11.1f} "
+            f"{r.loaded_s:>8.1f} {r.first_batch_s:>13.1f} {r.exit_status:>4} "
+            f"{'same' if r.same_samples else 'NO':>7} {'same' if r.same_losses else 'NO':>6}")
+
+
+def trials_command(args) -> int:
+    """``scripts/chaos.py --elastic``'s arguments -> the trials' table and summary (and JSON); 1 unless every job
+    finished without a re-submission with the uninterrupted run's samples and the by-hand resumption's losses."""
+    import json
+    import tempfile
+    from dataclasses import asdict
+
+    with tempfile.TemporaryDirectory() as temporary:
+        print(HEADER, flush=True)
+        results = run(args.folder or temporary, args.trials, args.seed, args.write_delay,
+                      report=lambda row: print(row, flush=True))
+    good = sum(r.exit_status == 0 and r.same_samples and r.same_losses for r in results)
+    inside = sum(bool(r.killed_inside_write) for r in results)
+    recovered = sorted(r.first_batch_s for r in results)
+    print(f'{good} of {len(results)} jobs finished without a re-submission, every batch the uninterrupted run\'s '
+          f'samples and each loss after the checkpoint the by-hand resumption\'s; {inside} kills inside a checkpoint '
+          f'write; first batch after the kill in {recovered[0]:.1f}-{recovered[-1]:.1f} s '
+          f'(node_timeout_s {NODE_TIMEOUT_S})')
+    if args.json:
+        with open(args.json, 'w') as file:
+            json.dump([asdict(r) for r in results], file, indent=2)
+    return 0 if good == len(results) else 1
