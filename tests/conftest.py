@@ -2,6 +2,7 @@
 import copy
 import os
 import shutil
+import subprocess
 import sys
 import time
 
@@ -170,6 +171,16 @@ def tiny_config(tiny_streams, tmp_path) -> dict:
         'progress_bar': False,
         'log_interval': '5ba',
     }
+
+
+@pytest.fixture(scope='session')
+def nodes_of_their_own() -> None:
+    """Simulated nodes each get a user and mount namespace with a /dev/shm of their own (streaming keeps one set of
+    shared memory a node there; two nodes on one machine would collide): skipped where this machine allows none."""
+    probe = subprocess.run(['unshare', '--user', '--map-root-user', '--mount', 'true'], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f'simulated nodes need namespaces of their own: unshare --user --map-root-user --mount failed: '
+                    f'{probe.stderr.strip()}')
 
 
 @pytest.fixture

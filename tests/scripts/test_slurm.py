@@ -84,16 +84,6 @@ def test_launcher_outside_slurm_says_so():
 BATCHES, SAVE_EVERY = 12, 4  # killed after batch SAVE_EVERY + 2: six batches before the job would end
 
 
-@pytest.fixture(scope='module')
-def nodes_of_their_own() -> None:
-    """Simulated nodes each get a user and mount namespace with a /dev/shm of their own (streaming keeps one set of
-    shared memory a node there; two nodes on one machine would collide): skipped where this machine allows none."""
-    probe = subprocess.run(['unshare', '--user', '--map-root-user', '--mount', 'true'], capture_output=True, text=True)
-    if probe.returncode:
-        pytest.skip(f'simulated nodes need namespaces of their own: unshare --user --map-root-user --mount failed: '
-                    f'{probe.stderr.strip()}')
-
-
 class Job:
     """A Slurm job of ``nodes`` x ``per_node`` processes on this machine: the real ``launch.sh`` once a node, with the
     variables Slurm sets, on 127.0.0.1; its ``composer`` forks the node's ranks from the suite's import
