@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--folder', help='keep the runs here (default: a temporary folder)')
     parser.add_argument('--json', help='write the table here')
     parser.add_argument('--elastic', action='store_true', help='a 2-node elastic job that loses a node, each trial')
-    parser.add_argument('--node-timeout', type=float, default=10.0, help='--elastic: the jobs\' node_timeout_s')
+    parser.add_argument('--node-timeout', type=float, default=30.0, help='--elastic: the jobs\' node_timeout_s')
     args = parser.parse_args(argv)
     if args.elastic:
         from llmfoundry_ext.measure.elastic_chaos import trials_command as elastic_trials
