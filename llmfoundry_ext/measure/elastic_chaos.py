@@ -87,10 +87,14 @@ class Console:
                 log.write(line)
                 log.flush()
 
-    def first_after(self, start: float, pattern: str) -> float:
-        """Seconds from ``start`` to the first line after it matching ``pattern`` (-1: none)."""
+    def first_after(self, start: float, pattern: str, after: float = 0) -> float:
+        """Seconds from ``start`` to the first line matching ``pattern`` at least ``after`` seconds past it (-1: none;
+        the survivors may print a batch of their own between the kill and the restart)."""
         self._thread.join(timeout=5)
-        return next((stamp - start for stamp, line in self.lines if stamp >= start and re.search(pattern, line)), -1)
+        if after < 0:
+            return -1
+        return next((stamp - start for stamp, line in self.lines
+                     if stamp >= start + after and re.search(pattern, line)), -1)
 
 
 class ElasticRunner(Runner):
@@ -195,9 +199,11 @@ def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: ra
     after = range(resumed + 1, BATCHES + 1)
     same_losses = all([ledgers[rank].get(b, {}).get('loss') for b in after] ==
                       [by_hand[rank][b]['loss'] for b in after] for rank in range(PER_NODE))
+    restarted = console.first_after(killed, r'^run \S+: ')  # the restarted group's start summary
     return Recovery(number, aimed_inside, killed_after, inside, resumed, skipped,
-                    console.first_after(killed, 'stopped answering'), console.first_after(killed, r'^run \S+: '),
-                    console.first_after(killed, 'autoresume: resuming'), console.first_after(killed, r'^batch \d+/'),
+                    console.first_after(killed, 'stopped answering'), restarted,
+                    console.first_after(killed, 'autoresume: resuming', after=restarted),
+                    console.first_after(killed, r'^batch \d+/', after=restarted),
                     killed_after - resumed, status, global_samples(ledgers, resumed, PER_NODE) == expected,
                     same_losses)
 
