@@ -4,9 +4,9 @@ processes (``--nnodes=1:2``, c10d rendezvous hosted by node 0), FSDP2 over the 4
 checkpoint write); the node watch on node 0 names the lost node and ends its workers, the agent restarts them at the
 new membership (2 ranks), autoresume loads the last sealed checkpoint and the plan settles again for 2 ranks, the
 global batch kept. Each trial is checked against an uninterrupted run (every batch's global sample ids) and against
-a run resumed by hand from the same checkpoint on one node (each rank's losses after it, bit for bit), and times the
-recovery from node 0's console: the node watch's line, the restarted group's start, the checkpoint loaded, its first
-batch.
+a run resumed by hand from the same checkpoint on one node (each rank's losses after it, to fp32's rounding), and
+times the recovery from node 0's console: the node watch's line, the restarted group's start, the checkpoint loaded,
+its first batch.
 
 Node 1, not node 0: node 0's agent hosts the rendezvous, and its loss ends the job (torchrun's c10d rendezvous has
 one host; docs/reliability.md).
@@ -32,6 +32,8 @@ NODE_TIMEOUT_S = 30      # node_timeout_s by default (the YAMLs' too): how long 
                          # the test suite on a 2-core machine, 5 and 10 s ended healthy jobs in slowed checkpoint writes
 LAST_CALL_S = 2          # the rendezvous waits this long for more nodes once it has its minimum
 MAX_RESTARTS = 3
+# fp32 on the CPU: bit for bit on torch 2.11; on torch 2.15 one batch of 18 on one rank 2 ulp apart (1.4e-7 relative)
+LOSS_TOLERANCE = 1e-6
 
 
 @dataclass
@@ -49,7 +51,9 @@ class Recovery:
     redone: int                  # batches trained again: killed_after_batch - resumed_from_batch
     exit_status: int             # node 0's agent
     same_samples: bool           # every batch's global sample ids equal the uninterrupted run's
-    same_losses: bool            # each rank's losses after the checkpoint equal the run resumed by hand
+    same_losses: bool            # each rank's losses after the checkpoint those of the run resumed by hand, within
+    #                              LOSS_TOLERANCE
+    loss_difference: float       # the largest relative difference between the two (0: bit for bit)
 
 
 # A node of its own on this machine: a user and mount namespace with an empty /dev/shm (streaming keeps a node's
@@ -186,6 +190,11 @@ def resume_by_hand(runner: ElasticRunner, name: str, batch: int) -> list[dict[in
     return runner.ranks(by_hand, PER_NODE)
 
 
+def relative_difference(loss, reference: float) -> float:
+    """|loss - reference| / |reference|; infinite where the job never trained that batch (None)."""
+    return float('inf') if loss is None else abs(loss - reference) / abs(reference)
+
+
 def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: random.Random) -> Recovery:
     from composer.utils import get_free_tcp_port
 
@@ -197,15 +206,15 @@ def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: ra
     ledgers = runner.ranks(name, 2 * PER_NODE)
     by_hand = resume_by_hand(runner, name, resumed)
     after = range(resumed + 1, BATCHES + 1)
-    same_losses = all([ledgers[rank].get(b, {}).get('loss') for b in after] ==
-                      [by_hand[rank][b]['loss'] for b in after] for rank in range(PER_NODE))
+    difference = max((relative_difference(ledgers[rank].get(b, {}).get('loss'), by_hand[rank][b]['loss'])
+                      for rank in range(PER_NODE) for b in after), default=0.0)
     restarted = console.first_after(killed, r'^run \S+: ')  # the restarted group's start summary
     return Recovery(number, aimed_inside, killed_after, inside, resumed, skipped,
                     console.first_after(killed, 'stopped answering'), restarted,
                     console.first_after(killed, 'autoresume: resuming', after=restarted),
                     console.first_after(killed, r'^batch \d+/', after=restarted),
                     killed_after - resumed, status, global_samples(ledgers, resumed, PER_NODE) == expected,
-                    same_losses)
+                    difference <= LOSS_TOLERANCE, difference)
 
 
 def run(folder: str, trials: int, seed: int, write_delay: float, report=print,

@@ -11,9 +11,9 @@ from llmfoundry_ext.measure.elastic_chaos import NODE_TIMEOUT_S, run
 def test_a_job_that_loses_a_node_goes_on_with_the_samples_and_losses_it_would_have(nodes_of_their_own, tmp_path):
     """Trial 1 kills node 1 inside a checkpoint write, trial 2 at a batch. Each job ends well on node 0 alone; its
     global batches are the uninterrupted run's, its losses after the checkpoint those of a run resumed by hand from
-    it on one node (bit for bit); node 0 names the lost node once, then restarts, loads and trains, in that order
-    (how soon it names it depends on the load: beside the suite on 2 cores, node 1's heartbeats had lagged 9 s before
-    the kill, and it was named 0.7 s after it)."""
+    it on one node (within LOSS_TOLERANCE: bit for bit on torch 2.11, 2 ulp in one batch on 2.15); node 0 names the
+    lost node once, then restarts, loads and trains, in that order (how soon it names it depends on the load: beside
+    the suite on 2 cores, node 1's heartbeats had lagged 9 s before the kill, and it was named 0.7 s after it)."""
     inside, at_a_batch = run(str(tmp_path), 2, 0, 0.02)
     assert inside.killed_inside_write and inside.skipped == inside.killed_inside_write  # moved aside, not resumed
     for recovery in (inside, at_a_batch):
