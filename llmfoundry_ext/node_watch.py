@@ -5,9 +5,10 @@ NCCL until its timeout (Composer's ``dist_timeout``, minutes), gloo with a trace
 that names no node. Neither torch nor Composer watches the nodes (torchelastic's agent restarts workers, it does
 not name a lost node to a Slurm job), so each rank runs a daemon thread here: every node's local rank 0 adds to its
 node's counter in the job's rendezvous store (the TCPStore at ``MASTER_ADDR:MASTER_PORT`` that the process group
-already uses) every ``HEARTBEAT_SECONDS`` (or a sixth of the timeout, where that is shorter); every rank reads all the counters, and when one has not moved for
-``timeout`` seconds of this rank's clock (or the store itself, on node 0, cannot be reached) it prints one line
-naming the node and ends its process, so the launcher and ``srun --kill-on-bad-exit`` end the job. Re-submitting
+already uses) every ``HEARTBEAT_SECONDS`` (or a sixth of the timeout, where that is shorter); every rank reads all
+the counters, and when one has not moved for ``timeout`` seconds of this rank's clock (or the store itself, on node
+0, cannot be reached) it prints one line naming the node and ends its process, so the launcher and ``srun
+--kill-on-bad-exit`` end the job. Re-submitting
 the job resumes from the last checkpoint. Under torchrun's elastic agent (``--nnodes=MIN:MAX``, docs/reliability.md)
 the agent restarts the workers on the nodes left instead, while it has restarts left, and the line says so.
 """

@@ -20,7 +20,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault('TORCHINDUCTOR_VEC_ISA_OK', '1')
 
 from llmfoundry_ext.data.mds import write_mds  # noqa: E402  (after the environment above)
-from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the ``composer`` command as users run it (the shipped YAMLs on GPUs); the CPU tests of a launch run Composer's
@@ -292,18 +291,3 @@ def demo_data(root) -> str:
 def global_batches(ledgers: dict[int, dict], batches) -> list[list[int]]:
     """Per batch, the sorted sample ids that all ranks' ledgers (rank -> ``read_ledger``'s) read in it."""
     return [sorted(i for ledger in ledgers.values() for i in ledger[b]['sample_ids']) for b in batches]
-
-
-def keep_checkpoints_up_to(checkpoints, batch: int) -> None:
-    """Remove a run's checkpoints (folders, files and their seals) of batches after ``batch``, as if it had stopped
-    there."""
-    for name in os.listdir(checkpoints):
-        found = CHECKPOINT_NAME.match(name)
-        if found and int(found[1]) > batch:
-            path = os.path.join(checkpoints, name)
-            if os.path.isdir(path):
-                shutil.rmtree(path)  # its seal inside
-            else:
-                os.remove(path)
-                if os.path.exists(seal_path(path)):
-                    os.remove(seal_path(path))

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from tests.conftest import changes, config_error, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
+from llmfoundry_ext.measure.chaos import keep_checkpoints_up_to
+from tests.conftest import changes, config_error, global_batches, train_runs, write_yaml
 from tests.test_parallelism import mean_losses
 
 
@@ -66,6 +67,15 @@ def test_experts_split_over_two_ranks_train_as_fsdp_alone_and_checkpoints_move_b
         assert mean_losses(resumed, later) == pytest.approx(mean_losses(continued, later), rel=1e-5, abs=0)
 
 
+def drawn_gate(folder):
+    """The first block's experts' gate weights [E, F, dim], whole, from ``folder``'s checkpoint at batch 10."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(folder / 'checkpoints' / 'ep0-ba10'), str(folder / 'drawn.pt'))
+    return torch.load(folder / 'drawn.pt', weights_only=False)['state']['model']['model.layers.0.mlp.experts.w1']
+
+
 def as_mixtral(config: dict) -> None:
     config['model'].update(family='mixtral', n_experts=4, experts_per_token=2)
 
@@ -103,16 +113,12 @@ def test_experts_split_on_a_meta_build_are_drawn_and_resume_at_degree_1(tiny_con
     draw to the checkpoint); its checkpoint at batch 10 resumed at degree 1 gives the losses of the run going on at
     2 (within 1e-5 relative, as above) and its samples. That the two ranks draw their shares apart is DTensor's CUDA
     RNG (tests/test_expert_parallel_gpu.py): on the CPU DTensor has none, and both draw the same share."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     tiny_config.update(max_duration='20ba')
     meta = 'model.init_device=meta'
     runs = [shlex.join([mixtral(tiny_config, tmp_path / folder, 2), meta, *overrides])
             for folder, overrides in (('ep2', []), ('drawn', ['optimizer.lr=0', 'max_duration=10ba']))]
     train_runs(2, runs, worker=['tests/meta_on_cpu_worker.py'])
-    dcp_to_torch_save(str(tmp_path / 'drawn' / 'checkpoints' / 'ep0-ba10'), str(tmp_path / 'drawn.pt'))
-    gate = torch.load(tmp_path / 'drawn.pt', weights_only=False)['state']['model']['model.layers.0.mlp.experts.w1']
+    gate = drawn_gate(tmp_path / 'drawn')
     assert gate.shape == (4, 64, 64)
     assert gate.std().item() == pytest.approx(0.02, rel=0.05)
     shutil.copytree(tmp_path / 'ep2', tmp_path / 'at-1', symlinks=True)

@@ -14,10 +14,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from llmfoundry_ext.build import build_trainer
 from llmfoundry_ext.config import load
+from llmfoundry_ext.measure.chaos import keep_checkpoints_up_to
 from llmfoundry_ext.model.llama import LlamaConfig, Transformer
 from llmfoundry_ext.parallelism import checkpointed_blocks, describe_checkpointing, parallelize
 from llmfoundry_ext.preflight import prepare
-from tests.conftest import FORKED, REPO, global_batches, keep_checkpoints_up_to, train_runs, write_yaml
+from tests.conftest import FORKED, REPO, global_batches, train_runs, write_yaml
 
 TINY = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=97, max_seq_len=64,
                    rope_theta=10000.0, rope_scaling_factor=1.0, tie_embeddings=True)

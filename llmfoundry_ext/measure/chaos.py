@@ -10,6 +10,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.data.mds import write_mds
 from llmfoundry_ext.launch import LAUNCHER
+from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path
 
 BATCHES, SAVE_EVERY, RANKS, KEEP = 24, 3, 2, 2  # KEEP: save_num_checkpoints_to_keep
 SLOW_WRITES = '''
@@ -115,9 +117,9 @@ class Runner:
         with open(os.path.join(self.folder, f'{name}.log')) as file:
             return file.read()
 
-    def ledgers(self, name: str) -> list[dict[int, dict]]:
+    def ledgers(self, name: str, ranks: int = RANKS) -> list[dict[int, dict]]:
         return [read_ledger(os.path.join(self.folder, name, 'ledger', f'ledger-rank{rank}.jsonl'))
-                for rank in range(RANKS)]
+                for rank in range(ranks)]
 
     def checkpoints(self, name: str) -> str:
         return os.path.join(self.folder, name, 'checkpoints')
@@ -134,19 +136,46 @@ def writing(checkpoints: str) -> str:
 def kill(runner: Runner, name: str, inside_write: bool, rng: random.Random) -> tuple[int, str]:
     """Start the run and kill -9 its process group: inside the write of a random checkpoint, or at a random batch.
     Returns the last batch rank 0 recorded and the checkpoint being written at the kill ('' if none)."""
-    ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
-    target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
     process = runner.start(name, slow_writes=True)
+    in_progress = wait_for_a_kill_point(runner, name, process, inside_write, rng, f'{runner.folder}/{name}.log')
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    return last_recorded(runner, name), in_progress
+
+
+def wait_for_a_kill_point(runner: Runner, name: str, running: subprocess.Popen, inside_write: bool,
+                          rng: random.Random, log: str) -> str:
+    """Until the run ``running`` reaches a random kill point: inside the write of a checkpoint, or a batch recorded;
+    the checkpoint being written then ('' if none). ``log``: where to look when it ends or stalls before."""
+    target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and process.poll() is None:
+    while time.monotonic() < deadline and running.poll() is None:
         in_progress = writing(runner.checkpoints(name))
-        recorded = max(read_ledger(ledger), default=0) if os.path.exists(ledger) else 0
-        if (in_progress == f'ep0-ba{target}') if inside_write else recorded >= target:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            return max(read_ledger(ledger), default=0), in_progress
+        if (in_progress == f'ep0-ba{target}') if inside_write else last_recorded(runner, name) >= target:
+            return in_progress
         time.sleep(0.01)
-    raise RuntimeError(f'{name}: the run ended or stalled before its kill point; see {runner.folder}/{name}.log')
+    raise RuntimeError(f'{name}: the run ended or stalled before its kill point; see {log}')
+
+
+def last_recorded(runner: Runner, name: str) -> int:
+    """The last batch rank 0's ledger holds (0: none yet)."""
+    ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
+    return max(read_ledger(ledger), default=0) if os.path.exists(ledger) else 0
+
+
+def keep_checkpoints_up_to(checkpoints, batch: int) -> None:
+    """Remove a run's checkpoints (folders, files and their seals) of batches after ``batch``, as if it had stopped
+    there."""
+    for entry in os.listdir(checkpoints):
+        found = CHECKPOINT_NAME.match(entry)
+        if found and int(found[1]) > batch:
+            path = os.path.join(checkpoints, entry)
+            if os.path.isdir(path):
+                shutil.rmtree(path)  # its seal inside
+            else:
+                os.remove(path)
+                if os.path.exists(seal_path(path)):
+                    os.remove(seal_path(path))
 
 
 def identical(actual: list[dict[int, dict]], expected: list[dict[int, dict]]) -> bool:

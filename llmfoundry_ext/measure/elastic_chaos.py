@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from llmfoundry_ext.measure.chaos import BATCHES, KEEP, SAVE_EVERY, Runner, resumption, run_yaml, write_streams, writing
+from llmfoundry_ext.measure.chaos import (BATCHES, KEEP, Runner, keep_checkpoints_up_to, last_recorded, resumption,
+                                          run_yaml, wait_for_a_kill_point, write_streams)
 
 PER_NODE = 2             # processes a node
 NODE_TIMEOUT_S = 30      # node_timeout_s by default (the YAMLs' too): how long a silent node is waited for. Beside
@@ -102,7 +102,7 @@ class Console:
 
 
 class ElasticRunner(Runner):
-    """``chaos.Runner`` (its uninterrupted and by-hand runs on one node) and the two-node elastic job."""
+    """``chaos.Runner`` (its uninterrupted and by-hand runs on one node, its ledgers) and the two-node elastic job."""
 
     def start_node(self, name: str, node: int, port: int, slow_writes: bool) -> tuple[subprocess.Popen, Console]:
         process = subprocess.Popen([*NODE_OF_ITS_OWN, *elastic_command(port, name), 'train.py', self.yaml_path,
@@ -112,10 +112,6 @@ class ElasticRunner(Runner):
                                         'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
                                    start_new_session=True)
         return process, Console(process, os.path.join(self.folder, f'{name}-node{node}.log'))
-
-    def ranks(self, name: str, ranks: int) -> list[dict[int, dict]]:
-        return [read_ledger(os.path.join(self.folder, name, 'ledger', f'ledger-rank{rank}.jsonl'))
-                for rank in range(ranks)]
 
 
 def elastic_yaml(folder: str, node_timeout: float) -> str:
@@ -143,22 +139,14 @@ def lose_node_1(runner: ElasticRunner, name: str, inside_write: bool, rng: rando
     """Start the two nodes, kill node 1's process group inside the write of a random checkpoint or at a random
     batch; (node 0's agent, its console, the last batch rank 0 recorded, the checkpoint being written, the kill's
     time)."""
-    ledger = os.path.join(runner.folder, name, 'ledger', 'ledger-rank0.jsonl')
-    target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
     node0, console = runner.start_node(name, 0, port, inside_write)
     wait_for_the_rendezvous(port)  # node 0 hosts it: started together, either agent may bind the port first
     node1, _ = runner.start_node(name, 1, port, inside_write)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and node0.poll() is None:
-        in_progress = writing(runner.checkpoints(name))
-        recorded = max(read_ledger(ledger), default=0) if os.path.exists(ledger) else 0
-        if (in_progress == f'ep0-ba{target}') if inside_write else recorded >= target:
-            os.killpg(node1.pid, signal.SIGKILL)
-            killed = time.monotonic()
-            node1.wait()
-            return node0, console, max(read_ledger(ledger), default=0), in_progress, killed
-        time.sleep(0.01)
-    raise RuntimeError(f'{name}: the job ended or stalled before its kill point; see {runner.folder}/{name}-node0.log')
+    in_progress = wait_for_a_kill_point(runner, name, node0, inside_write, rng, f'{runner.folder}/{name}-node0.log')
+    os.killpg(node1.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    node1.wait()
+    return node0, console, last_recorded(runner, name), in_progress, killed
 
 
 def wait_for_the_rendezvous(port: int, seconds: float = 60) -> None:
@@ -176,18 +164,12 @@ def wait_for_the_rendezvous(port: int, seconds: float = 60) -> None:
 
 def resume_by_hand(runner: ElasticRunner, name: str, batch: int) -> list[dict[int, dict]]:
     """The trial's folder as it was at its checkpoint of ``batch``, resumed by Composer's launcher on one node."""
-    from llmfoundry_ext.resumption import CHECKPOINT_NAME
-
     by_hand = f'{name}-by-hand'
     shutil.copytree(os.path.join(runner.folder, name), os.path.join(runner.folder, by_hand), symlinks=True)
-    checkpoints = runner.checkpoints(by_hand)
-    for entry in os.listdir(checkpoints):
-        found = CHECKPOINT_NAME.match(entry)
-        if found and int(found[1]) > batch:
-            shutil.rmtree(os.path.join(checkpoints, entry), ignore_errors=True)
+    keep_checkpoints_up_to(runner.checkpoints(by_hand), batch)
     shutil.rmtree(os.path.join(runner.folder, by_hand, 'ledger'))
     runner.finish(by_hand, attempts=1)
-    return runner.ranks(by_hand, PER_NODE)
+    return runner.ledgers(by_hand, PER_NODE)
 
 
 def relative_difference(loss, reference: float) -> float:
@@ -203,7 +185,7 @@ def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: ra
     node0, console, killed_after, inside, killed = lose_node_1(runner, name, aimed_inside, rng, get_free_tcp_port())
     status = node0.wait(timeout=300)
     resumed, skipped = resumption(''.join(line for stamp, line in console.lines if stamp >= killed))
-    ledgers = runner.ranks(name, 2 * PER_NODE)
+    ledgers = runner.ledgers(name, 2 * PER_NODE)
     by_hand = resume_by_hand(runner, name, resumed)
     after = range(resumed + 1, BATCHES + 1)
     difference = max((relative_difference(ledgers[rank].get(b, {}).get('loss'), by_hand[rank][b]['loss'])
@@ -222,7 +204,7 @@ def run(folder: str, trials: int, seed: int, write_delay: float, report=print,
     """The uninterrupted run (one node), then ``trials`` two-node jobs that lose node 1, each reported as it ends."""
     runner = ElasticRunner(folder, elastic_yaml(folder, node_timeout), write_delay)
     runner.finish('uninterrupted', attempts=1)
-    expected = global_samples(runner.ranks('uninterrupted', PER_NODE), BATCHES, PER_NODE)
+    expected = global_samples(runner.ledgers('uninterrupted', PER_NODE), BATCHES, PER_NODE)
     rng = random.Random(seed)
     results = []
     for number in range(1, trials + 1):

@@ -11,10 +11,11 @@ import shutil
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
-from llmfoundry_ext.measure.chaos import BATCHES, SAVE_EVERY, Runner, identical, kill, resumption, run_yaml, write_streams
+from llmfoundry_ext.measure.chaos import (BATCHES, SAVE_EVERY, Runner, identical, keep_checkpoints_up_to, kill,
+                                          resumption, run_yaml, write_streams)
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
-from tests.conftest import keep_checkpoints_up_to, train_runs
+from tests.conftest import train_runs
 
 
 @pytest.mark.slow
