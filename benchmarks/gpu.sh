@@ -617,13 +617,13 @@ case "${1:-}" in
       --row "float8-experts $Y $A model.float8=true model.float8_experts=true" \
       --versus float8:bf16 --versus float8-experts:bf16 ;;
   ep-mixtral)  # [LAYERS] 2 GPUs: Mixtral-8x7B width with LAYERS layers (default 8), 4 samples of 4,096 tokens a GPU on
-    # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on each rank's CPU,
-    # then on meta: model.init_device=meta)
+    # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on meta as auto
+    # does, then on each rank's CPU as it does to load init_from: model.init_device=cpu)
     Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=${2:-8}"
     A="device_microbatch_size=auto parallelism.fsdp.activation_checkpointing=auto parallelism.fsdp.reshard_after_forward=auto"
     E=parallelism.expert_parallel_degree
     python3 scripts/measure_speed.py --gpus "$GPUS" --warmup 3 --steps 5 --json "$OUT/ep-mixtral.json" \
-      --row "fsdp $Y $A $E=1" --row "ep2 $Y $A $E=2" --row "ep2-meta $Y $A $E=2 model.init_device=meta" \
+      --row "fsdp $Y $A $E=1" --row "ep2 $Y $A $E=2" --row "ep2-cpu $Y $A $E=2 model.init_device=cpu" \
       --versus ep2:fsdp 2>&1 | tee "$OUT/ep-mixtral.log" ;;
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;

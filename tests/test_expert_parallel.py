@@ -1,5 +1,6 @@
 """Expert parallelism on CPU processes (gloo): each block's experts split over the ranks, tokens sent to them by
 all-to-all; the same losses as FSDP2 alone from the same weights, and checkpoints that move between the degrees."""
+import dataclasses
 import json
 import shlex
 import shutil
@@ -132,11 +133,12 @@ def test_experts_split_on_a_meta_build_are_drawn_and_resume_at_degree_1(tiny_con
     assert mean_losses(at_1, later) == pytest.approx(mean_losses(split, later), rel=1e-5, abs=0)
 
 
-@pytest.mark.parametrize('degree, device', [(1, 'meta'), (2, 'cpu')])
-def test_auto_builds_on_the_cpu_of_each_gpu_rank_where_the_experts_are_split(tiny_config, tmp_path, monkeypatch,
-                                                                             degree, device):
-    """Under FSDP2 on GPUs auto builds on meta, but under expert parallelism on the CPU: the split that has run on
-    GPUs (the meta build's is opt-in, ``model.init_device=meta``, until it has)."""
+@pytest.mark.parametrize('degree, init_from, device', [(1, False, 'meta'), (2, False, 'meta'), (2, True, 'cpu')])
+def test_auto_builds_on_meta_where_the_experts_are_split_but_on_the_cpu_to_load_weights(tiny_config, tmp_path,
+                                                                                       monkeypatch, degree,
+                                                                                       init_from, device):
+    """Under FSDP2 on GPUs auto builds on meta, under expert parallelism too (its draw on two GPUs:
+    tests/test_expert_parallel_gpu.py), but on every rank's CPU where ``init_from``'s whole experts are split."""
     from llmfoundry_ext.config import load
     from llmfoundry_ext.machine import Machine, gpu_named
     from llmfoundry_ext.plan.run_plan import init_device
@@ -145,4 +147,6 @@ def test_auto_builds_on_the_cpu_of_each_gpu_rank_where_the_experts_are_split(tin
     changes((EP, degree))(tiny_config)
     monkeypatch.setenv('WORLD_SIZE', '2')
     config = load(write_yaml(tiny_config, tmp_path / 'run.yaml'))
+    if init_from:  # set after load(), which reads the weights' config: there are none here
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model, init_from='weights/'))
     assert init_device(config, Machine.described(2, gpu_named('h100')), shards=True) == device

@@ -149,12 +149,15 @@ def shards_the_model(config: TrainConfig, machine: Machine) -> bool:
 def init_device(config: TrainConfig, machine: Machine, shards: bool) -> str:
     """``model.init_device``; auto: ``meta`` under FSDP2 on GPUs (each rank materialises its shards), but rank 0
     builds on the CPU to load ``init_from`` (Composer then broadcasts its weights to the other ranks' shards); the
-    GPU itself for one process; ``cpu`` otherwise, and under expert parallelism, whose experts are split from whole
-    weights on every rank (``parallelism.shard_experts``)."""
+    GPU itself for one process; ``cpu`` otherwise. Under expert parallelism ``meta`` too (the experts split while on
+    meta, each rank's share drawn on its GPU: ``parallelism.shard_experts``), but ``cpu`` on every rank to load
+    ``init_from``, whose experts are split from whole weights."""
     if config.model.init_device != 'auto':
         return config.model.init_device
-    if machine.gpu is None or config.parallelism.expert_parallel_degree > 1:
+    if machine.gpu is None:
         return 'cpu'
+    if config.parallelism.expert_parallel_degree > 1:
+        return 'cpu' if config.model.init_from else 'meta'
     if not shards:
         return 'cuda' if machine.world_size == 1 else 'cpu'
     return 'cpu' if config.model.init_from and machine.rank == 0 else 'meta'
