@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from omegaconf import OmegaConf
@@ -512,11 +513,22 @@ def held_out_curves(results: list[dict]) -> dict[str, Curve]:
     for result in results:
         if result.get('held_out'):
             by_name.setdefault(result['name'], []).append(result)
-    return {name: Curve(name, over_seeds([[Evaluation(*point) for point in row['held_out']] for row in rows]),
-                        rows[0]['tokens_per_step'],
+    return {name: Curve(name, over_seeds([evaluations(row) for row in rows]), rows[0]['tokens_per_step'],
                         statistics.fmean(row['tokens_per_second_per_gpu'] * row['gpus'] for row in rows),
-                        rows[0].get('steps', rows[0]['held_out'][-1][0]), len(rows))
+                        rows[0].get('steps', rows[0]['held_out'][-1][0]), len(rows), by_seed(rows))
             for name, rows in by_name.items()}
+
+
+def evaluations(row: dict) -> list[Evaluation]:
+    return [Evaluation(*point) for point in row['held_out']]
+
+
+def by_seed(rows: list[dict]) -> Optional[dict[int, list[Evaluation]]]:
+    """One row name's runs' evaluations by seed; None where a run does not name its seed or two name the same."""
+    seeds = [row.get('seed') for row in rows]
+    if None in seeds or len(set(seeds)) < len(seeds):
+        return None
+    return {seed: evaluations(row) for seed, row in zip(seeds, rows)}
 
 
 def in_one_line(command):

@@ -68,6 +68,18 @@ class Curve(NamedTuple):
     tokens_per_second: float  # the whole run's: every GPU's
     steps: int  # its learning-rate schedule's: rows of another length are compared on time alone
     seeds: int = 1  # the runs its held-out losses are the mean of
+    by_seed: Optional[dict[int, list[Evaluation]]] = None  # each run's evaluations by its seed, where known
+
+
+def on_shared_seeds(row: Curve, reference: Curve) -> tuple[list[HeldOut], list[HeldOut]]:
+    """Both rows' held-out losses over the seeds both ran: a row of seed 1 beside a reference of seeds 1 and 2 is
+    weighed against the reference's seed 1, since two seeds of one row part by as much as the gaps weighed
+    (docs/learning.md). Their own means where either does not name its seeds or they share none."""
+    shared = sorted(set(row.by_seed or ()) & set(reference.by_seed or ()))
+    if not shared or len(shared) == row.seeds == reference.seeds:
+        return row.held_out, reference.held_out
+    return (over_seeds([row.by_seed[seed] for seed in shared]),
+            over_seeds([reference.by_seed[seed] for seed in shared]))
 
 
 def compare(rows: list[Curve], quality_reference: str, time_reference: str, tolerance: float,
@@ -82,7 +94,7 @@ def compare(rows: list[Curve], quality_reference: str, time_reference: str, tole
     reference_seconds = seconds_to_target(by_name[time_reference], target)
     table = []
     for row in rows:
-        gaps = gaps_at_equal_tokens(row.held_out, reference.held_out) if row.steps == reference.steps else {}
+        gaps = gaps_at_equal_tokens(*on_shared_seeds(row, reference)) if row.steps == reference.steps else {}
         final_gap = gaps[max(gaps)] if gaps else None
         seconds = seconds_to_target(row, target)
         table.append({'name': row.name, 'steps': row.steps, 'final_step': row.held_out[-1].step,
@@ -154,12 +166,12 @@ def cell_name(report: dict) -> str:
 
 
 def final_gap(curves: dict[str, Curve], name: str, reference: str) -> Optional[float]:
-    """``name``'s held-out loss relative to ``reference``'s at the last step both evaluated, where both trained the
-    same schedule; None where either is missing."""
+    """``name``'s held-out loss relative to ``reference``'s at the last step both evaluated, over the seeds both ran,
+    where both trained the same schedule; None where either is missing."""
     row, against = curves.get(name), curves.get(reference)
     if row is None or against is None or row.steps != against.steps:
         return None
-    gaps = gaps_at_equal_tokens(row.held_out, against.held_out)
+    gaps = gaps_at_equal_tokens(*on_shared_seeds(row, against))
     return gaps[max(gaps)] if gaps else None
 
 

@@ -11,6 +11,7 @@ from llmfoundry_ext.measure import benchmark, learning
 from llmfoundry_ext.measure.benchmark import Row
 from llmfoundry_ext.measure.learning import (Hyper, Plan, our_run_yaml, prepare_data, summarize, verdict,
                                            window_means, write_corpus)
+from llmfoundry_ext.measure.time_to_quality import Evaluation
 from tests.conftest import FORKED
 
 SOURCE = 'def add(a, b):\n    """Add two numbers."""\n    return a + b\n\n'
@@ -519,3 +520,11 @@ def test_a_mixture_of_experts_row_trains_from_its_shared_weights_and_is_evaluate
     assert drawn['model.layers.1.block_sparse_moe.experts.3.w2.weight'].shape == (128, 64)
     assert row['shared_init'] == str(moe) and [step for step, _ in row['held_out']] == [2, 4]
     assert all(0 < loss < 7 for _, loss in row['held_out'])  # ln(512) = 6.24 at the start
+
+
+def test_runs_are_keyed_by_seed_unless_a_seed_is_unnamed_or_repeated():
+    run = lambda seed, final: {'seed': seed, 'held_out': [[100, 3.0], [400, final]]}
+    assert learning.by_seed([run(2, 1.5), run(1, 1.4)]) == {
+        2: [Evaluation(100, 3.0), Evaluation(400, 1.5)], 1: [Evaluation(100, 3.0), Evaluation(400, 1.4)]}
+    assert learning.by_seed([run(1, 1.5), run(1, 1.4)]) is None  # one seed run twice: their mean, as before
+    assert learning.by_seed([run(None, 1.5)]) is None

@@ -208,3 +208,22 @@ def test_rows_ending_within_1_percent_on_one_seed_wait_for_a_second_and_a_larger
     two_seeds = decide(grid(prose_3e_4=cell(2.016, 2.1)))
     assert two_seeds['recipes']['float8 blocks']['prose lr 0.0003']['holds'] is False
     assert two_seeds['decision'] == 'bf16'
+
+
+def test_a_row_of_one_seed_is_weighed_against_the_same_seed_of_a_reference_of_two():
+    """Python lr 3e-4 at 7b10d1f: rowwise ran seed 1 (1.5184), bf16 seeds 1 and 2 (1.4864, 1.5105): the gap is to
+    bf16's seed 1 (+2.15 %), not to the mean of both (+1.33 %); rows of the same seeds keep their means."""
+    def curve(name, *finals):
+        runs = {seed: [Evaluation(200, 2.2), Evaluation(400, final)] for seed, final in enumerate(finals, 1)}
+        return Curve(name, over_seeds(list(runs.values())), 1000, 1000.0, 400, len(runs), runs)
+
+    bf16 = curve('ours-shipped-bf16', 1.4864, 1.5105)
+    rowwise, blocks = curve('ours-shipped-float8-rowwise', 1.5184), curve('ours-shipped-float8-blocks', 1.5204, 1.5346)
+    cells = {'python lr 0.0003': {row.name: row for row in (bf16, rowwise, blocks)}}
+    weighed = decide(cells, grid=('python lr 0.0003',))['recipes']
+    assert weighed['float8 rowwise blocks']['python lr 0.0003']['tied_gap'] == pytest.approx(0.032 / 1.4864, rel=1e-9)
+    assert weighed['float8 blocks']['python lr 0.0003']['tied_gap'] == pytest.approx(
+        (1.5275 - 1.49845) / 1.49845, rel=1e-9)
+    by_name = {entry['name']: entry for entry in compare([bf16, rowwise], 'ours-shipped-bf16', 'ours-shipped-bf16',
+                                                         0.005, 1.15)}
+    assert by_name['ours-shipped-float8-rowwise']['gaps'] == pytest.approx({200: 0.0, 400: 0.032 / 1.4864}, rel=1e-9)
