@@ -8,6 +8,7 @@ from llmfoundry_ext import registry
 from llmfoundry_ext.callbacks.console_line import ConsoleLine
 from llmfoundry_ext.callbacks.expert_load import ExpertLoad
 from llmfoundry_ext.callbacks.finite_loss import StopOnNonFiniteLoss
+from llmfoundry_ext.callbacks.recovery_line import RecoveryLine
 from llmfoundry_ext.checkpoint_saver import SealedCheckpointSaver
 from llmfoundry_ext.config import TrainConfig
 from llmfoundry_ext.data.collate import Collator
@@ -90,6 +91,14 @@ def downstream_callbacks(run: Run) -> list:
                                  config.model.max_seq_len, config.precision, results)]  # the model's context
 
 
+def recovery_callbacks(run: Run) -> list:
+    """The recovery line under torchrun's elastic agent (restarts allowed), where the run keeps checkpoints on a
+    file system."""
+    folder = run.config.checkpoint_folder
+    elastic = run.plan.machine.max_restarts > 0
+    return [RecoveryLine(folder, run.plan.machine)] if elastic and folder and '://' not in folder else []
+
+
 def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None) -> Trainer:
     """Composer's Trainer for the run; ``model`` replaces the config's model (same data, optimizer, FSDP2)."""
     config = run.config
@@ -125,8 +134,9 @@ def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None)
         precision=config.precision,
         device_train_microbatch_size=config.device_microbatch_size or config.device_batch_size,
         parallelism_config=composer_parallelism(config, run.plan.shards_the_model),
+        # the saver last: at a batch's end the others run before it saves
         callbacks=[*build_named('callbacks', config.callbacks), *parallelism_callbacks, *downstream_callbacks(run),
-                   *extra_callbacks, *savers],  # the saver last: at a batch's end the others run before it saves
+                   *recovery_callbacks(run), *extra_callbacks, *savers],
         algorithms=build_named('algorithms', config.algorithms),
         loggers=build_loggers(config),
         autoresume=checkpoint.autoresume,

@@ -45,7 +45,7 @@ class ModelConfig(KernelConfig):
     (from the preset unless set)."""
     family: str = 'llama'            # llama or mixtral (model/families.py)
     preset: str = 'debug'            # the architecture's defaults: 1b, 8b, 70b, mixtral-8x7b, debug, ...
-    init_device: Literal['auto', 'meta', 'cpu', 'cuda'] = 'auto'  # auto: meta under FSDP2 on GPUs, else cpu (run_plan.init_device)
+    init_device: Literal['auto', 'meta', 'cpu', 'cuda'] = 'auto'  # auto: meta under FSDP2 on GPUs (cpu to load init_from under expert parallelism), else cpu
     init_from: Optional[str] = None  # HF Llama/Mixtral folder or from-hf output to start from
     init_skip: list[str] = field(default_factory=list)  # e.g. [embed_tokens, lm_head] for a new vocabulary
     compile: bool = False            # torch.compile each transformer block (fuses norms, RoPE, SwiGLU) and the loss

@@ -8,6 +8,8 @@ from typing import Optional
 
 GIB = 2 ** 30
 
+MIN_NODES_VARIABLE = 'LLMFOUNDRY_EXT_MIN_NODES'  # set by elastic_launch for its workers: torchrun sets none
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -76,8 +78,9 @@ class Machine:
     node_rank: int = 0
     gpu: Optional[GPU] = None
     job: Optional[str] = None
-    restart: int = 0        # torchrun's elastic agent: this worker group's restart (0: its first start)
+    restart: int = 0        # torchrun's elastic agent: the restarts it has made (a node joining makes none)
     max_restarts: int = 0   # and how many it may make (0: not elastic, or none allowed)
+    min_nodes: int = 1      # the fewest nodes the elastic job goes on with (``elastic_launch``'s --nnodes MIN:MAX)
 
     @property
     def nodes(self) -> int:
@@ -97,7 +100,8 @@ class Machine:
         return cls(world_size=world, local_world_size=int(os.environ.get('LOCAL_WORLD_SIZE', str(world))),
                    rank=int(os.environ.get('RANK', '0')), node_rank=int(node_rank), gpu=gpu, job=job,
                    restart=int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')),
-                   max_restarts=int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0')))
+                   max_restarts=int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0')),
+                   min_nodes=int(os.environ.get(MIN_NODES_VARIABLE, '1')))
 
     @classmethod
     def described(cls, gpus: int, gpu: GPU, gpus_per_node: int = 8) -> 'Machine':

@@ -81,7 +81,7 @@ class NodeWatch:
             counts = {node: self.store.add(KEY.format(node), 0) for node in range(self.nodes)}
         except Exception as error:  # noqa: BLE001 - any failure to reach the store means its host is gone
             return (f'node 0 of {self.nodes} (the job\'s rendezvous store) cannot be reached '
-                    f'({type(error).__name__}): stopping node {self.node}. {self.next_step}')
+                    f'({type(error).__name__}): stopping node {self.node}. {RESUBMIT}')  # elastic too: its host
         for node, count in counts.items():
             if count != self.counts.get(node):
                 self.counts[node], self.last_change[node] = count, now
@@ -103,11 +103,17 @@ def stop_this_process(message: str, first_of_node: bool, interval: float) -> Non
 
 
 def what_follows(machine: Machine) -> str:
-    """The end of a lost node's line: torchrun's elastic agent restarts the workers while it may, else re-submit."""
-    if machine.restarts_left > 0:
-        return (f"torchrun's elastic agent restarts the workers on the nodes left (restart {machine.restart + 1} of "
-                f"{machine.max_restarts}), from the last checkpoint.")
-    return RESUBMIT
+    """The end of a lost node's line: torchrun's elastic agent restarts the workers while it may, on the nodes left
+    if they are the job's minimum at least, else once a node joins within its join timeout; else re-submit."""
+    if machine.restarts_left <= 0:
+        return RESUBMIT
+    restart = f'(restart {machine.restart + 1} of {machine.max_restarts}), from the last checkpoint'
+    left = machine.nodes - 1
+    if left < machine.min_nodes:
+        return (f"{left} node{'s' if left != 1 else ''} left, fewer than the job's minimum of {machine.min_nodes}: "
+                f"torchrun's elastic agent restarts the workers if a node joins within its join timeout {restart}, "
+                f"else ends the job.")
+    return f"torchrun's elastic agent restarts the workers on the nodes left {restart}."
 
 
 def start_node_watch(timeout: float, machine: Machine) -> Optional[NodeWatch]:

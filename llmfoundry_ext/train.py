@@ -198,13 +198,13 @@ def start_summary(run: Run, trainer) -> str:
 
 
 def elastic_line(machine: Machine) -> list[str]:
-    """Under torchrun's elastic agent: which start of the worker group this is, on how many nodes."""
+    """Under torchrun's elastic agent: the restarts it has made of those allowed (a node joining is none), and the
+    world it restarted at."""
     if machine.max_restarts == 0:
         return []
     nodes = f"{machine.nodes} node{'s' if machine.nodes > 1 else ''}"
-    start = f'restart {machine.restart} of {machine.max_restarts}' if machine.restart else \
-        f'first start, {machine.max_restarts} restarts allowed'
-    return [f"  elastic (torchrun): {start}; {machine.world_size} ranks on {nodes}"]
+    return [f"  elastic (torchrun): restart {machine.restart} of {machine.max_restarts}; {machine.world_size} ranks on "
+            f"{nodes}"]
 
 
 def optimizer_line(run: Run) -> str:

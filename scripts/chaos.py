@@ -6,6 +6,7 @@ after the checkpoint against a run resumed by hand, and its recovery timed (llmf
 
   python scripts/chaos.py --trials 20 [--seed 0] [--folder chaos_run] [--json chaos.json]
   python scripts/chaos.py --elastic --trials 6 [--json elastic.json]
+  python scripts/chaos.py --elastic-edges [--json edges.json]   # a node joining; the ends, each re-submitted
 """
 import argparse
 import sys
@@ -22,8 +23,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument('--folder', help='keep the runs here (default: a temporary folder)')
     parser.add_argument('--json', help='write the table here')
     parser.add_argument('--elastic', action='store_true', help='a 2-node elastic job that loses a node, each trial')
-    parser.add_argument('--node-timeout', type=float, default=30.0, help='--elastic: the jobs\' node_timeout_s')
+    parser.add_argument('--elastic-edges', action='store_true',
+                        help='a node joining an elastic job, and the ways one ends (measure/elastic_edges.py)')
+    parser.add_argument('--node-timeout', type=float, default=30.0,
+                        help='--elastic, --elastic-edges: the jobs\' node_timeout_s')
     args = parser.parse_args(argv)
+    if args.elastic_edges:
+        from llmfoundry_ext.measure.elastic_edges import edges_command
+        return edges_command(args)
     if args.elastic:
         from llmfoundry_ext.measure.elastic_chaos import trials_command as elastic_trials
         return elastic_trials(args)

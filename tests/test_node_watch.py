@@ -33,9 +33,11 @@ def test_a_store_that_cannot_be_reached_names_node_0():
     class Gone:
         def add(self, key, amount):
             raise dist.DistNetworkError('Connection reset by peer')
-    assert NodeWatch(Gone(), 4, 2, True, timeout=30).check(0) == (
-        "node 0 of 4 (the job's rendezvous store) cannot be reached (DistNetworkError): stopping node 2. "
-        'Re-submit the job to resume from its last checkpoint.')
+    expected = ("node 0 of 4 (the job's rendezvous store) cannot be reached (DistNetworkError): stopping node 2. "
+                'Re-submit the job to resume from its last checkpoint.')
+    assert NodeWatch(Gone(), 4, 2, True, timeout=30).check(0) == expected
+    # under torchrun's elastic agent too: its rendezvous is on node 0 as well, and the job ends with it
+    assert NodeWatch(Gone(), 4, 2, True, timeout=30, next_step="torchrun's elastic agent restarts").check(0) == expected
 
 
 def test_the_thread_hands_the_first_lost_node_to_on_lost():
@@ -91,6 +93,10 @@ def test_under_torchruns_elastic_agent_the_line_says_the_workers_restart_while_t
     assert (second_start.nodes, second_start.restart, second_start.restarts_left) == (2, 1, 2)
     assert what_follows(second_start) == ("torchrun's elastic agent restarts the workers on the nodes left (restart 2 "
                                           "of 3), from the last checkpoint.")
+    monkeypatch.setenv('LLMFOUNDRY_EXT_MIN_NODES', '2')  # elastic_launch's --nnodes 2:2: the node left is too few
+    assert what_follows(Machine.from_environment()) == (
+        "1 node left, fewer than the job's minimum of 2: torchrun's elastic agent restarts the workers if a node joins "
+        "within its join timeout (restart 2 of 3), from the last checkpoint, else ends the job.")
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '3')
     assert what_follows(Machine.from_environment()) == RESUBMIT  # none left: the agent ends the job
     assert what_follows(Machine(world_size=4, local_world_size=2)) == RESUBMIT  # Composer's launcher

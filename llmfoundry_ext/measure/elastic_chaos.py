@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import yaml
 
+from llmfoundry_ext.elastic_launch import JOIN_TIMEOUT_S
+from llmfoundry_ext.elastic_launch import LAUNCHER as ELASTIC_LAUNCHER
 from llmfoundry_ext.measure.chaos import (BATCHES, KEEP, Runner, keep_checkpoints_up_to, last_recorded, resumption,
                                           run_yaml, wait_for_a_kill_point, write_streams)
 
@@ -68,12 +70,14 @@ NODE_OF_ITS_OWN = ['unshare', '--user', '--map-root-user', '--mount', 'sh', '-c'
 ELASTIC_ENVIRONMENT = {'TORCH_DISABLE_SHARE_RDZV_TCP_STORE': '1'}
 
 
-def elastic_command(port: int, job: str) -> list[str]:
-    """torchrun's elastic agent for one node of 1 to 2, its rendezvous at 127.0.0.1:``port``: the local form of
-    ``scripts/slurm/launch.sh`` with ``MIN_NODES`` (docs/reliability.md)."""
-    return [sys.executable, '-m', 'torch.distributed.run', '--nnodes=1:2', f'--nproc-per-node={PER_NODE}',
-            '--rdzv-backend=c10d', f'--rdzv-endpoint=127.0.0.1:{port}', f'--rdzv-id={job}',
-            f'--rdzv-conf=last_call_timeout={LAST_CALL_S}', f'--max-restarts={MAX_RESTARTS}', '--monitor-interval=1']
+def elastic_command(port: int, job: str, nnodes: str = '1:2', max_restarts: int = MAX_RESTARTS,
+                    join_timeout: float = JOIN_TIMEOUT_S) -> list[str]:
+    """torchrun's elastic agent (``elastic_launch``) for one node of ``nnodes`` (MIN:MAX), its rendezvous at
+    127.0.0.1:``port``: the local form of ``scripts/slurm/launch.sh`` with ``MIN_NODES`` (docs/reliability.md)."""
+    return [*ELASTIC_LAUNCHER, f'--nnodes={nnodes}', f'--nproc-per-node={PER_NODE}', '--rdzv-backend=c10d',
+            f'--rdzv-endpoint=127.0.0.1:{port}', f'--rdzv-id={job}',
+            f'--rdzv-conf=last_call_timeout={LAST_CALL_S},join_timeout={join_timeout:g}',
+            f'--max-restarts={max_restarts}', '--monitor-interval=1']
 
 
 class Console:
@@ -83,6 +87,11 @@ class Console:
         self.lines: list[tuple[float, str]] = []
         self._thread = threading.Thread(target=self._read, args=(process, path), daemon=True)
         self._thread.start()
+
+    def text(self, since: float = 0) -> str:
+        """The lines that arrived at or after ``since`` (``time.monotonic``), once the node's output has ended."""
+        self._thread.join(timeout=5)
+        return ''.join(line for stamp, line in self.lines if stamp >= since)
 
     def _read(self, process: subprocess.Popen, path: str) -> None:
         with open(path, 'a') as log:
@@ -104,9 +113,11 @@ class Console:
 class ElasticRunner(Runner):
     """``chaos.Runner`` (its uninterrupted and by-hand runs on one node, its ledgers) and the two-node elastic job."""
 
-    def start_node(self, name: str, node: int, port: int, slow_writes: bool) -> tuple[subprocess.Popen, Console]:
-        process = subprocess.Popen([*NODE_OF_ITS_OWN, *elastic_command(port, name), 'train.py', self.yaml_path,
-                                    f'run_name={name}'],
+    def start_node(self, name: str, node: int, port: int, slow_writes: bool = False,
+                   **launch) -> tuple[subprocess.Popen, Console]:
+        """Node ``node`` of job ``name``: its agent (``elastic_command(port, name, **launch)``) and workers."""
+        process = subprocess.Popen([*NODE_OF_ITS_OWN, *elastic_command(port, name, **launch), 'train.py',
+                                    self.yaml_path, f'run_name={name}'],
                                    cwd=self.repo, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env={**self.env, **ELASTIC_ENVIRONMENT,
                                         'CHAOS_WRITE_DELAY': str(self.write_delay if slow_writes else 0)},
@@ -114,14 +125,15 @@ class ElasticRunner(Runner):
         return process, Console(process, os.path.join(self.folder, f'{name}-node{node}.log'))
 
 
-def elastic_yaml(folder: str, node_timeout: float) -> str:
+def elastic_yaml(folder: str, node_timeout: float, canonical_nodes: int = 2, global_batch_size: int = 8) -> str:
     """``chaos.run_yaml`` with a line a batch (the recovery's first batch is timed), a node watch of
-    ``node_timeout`` seconds and the data's canonical nodes fixed."""
+    ``node_timeout`` seconds and the data's canonical nodes fixed (the sample order of 2 nodes by default, on 1 or 2,
+    as the YAMLs fix it; a job of up to 3 nodes: 6, and a global batch that 2, 4 and 6 ranks divide)."""
     path = run_yaml(folder, write_streams(folder), KEEP)
     with open(path) as file:
         config = yaml.safe_load(file)
-    config.update(log_interval='1ba', node_timeout_s=node_timeout)
-    config['data']['train']['num_canonical_nodes'] = 2  # the sample order of 2 nodes, on 1 or 2 (as the YAMLs fix it)
+    config.update(log_interval='1ba', node_timeout_s=node_timeout, global_batch_size=global_batch_size)
+    config['data']['train']['num_canonical_nodes'] = canonical_nodes
     with open(path, 'w') as file:
         yaml.safe_dump(config, file)
     return path
@@ -184,7 +196,7 @@ def trial(runner: ElasticRunner, number: int, expected: list[list[int]], rng: ra
     aimed_inside = number % 2 == 1
     node0, console, killed_after, inside, killed = lose_node_1(runner, name, aimed_inside, rng, get_free_tcp_port())
     status = node0.wait(timeout=300)
-    resumed, skipped = resumption(''.join(line for stamp, line in console.lines if stamp >= killed))
+    resumed, skipped = resumption(console.text(since=killed))
     ledgers = runner.ledgers(name, 2 * PER_NODE)
     by_hand = resume_by_hand(runner, name, resumed)
     after = range(resumed + 1, BATCHES + 1)

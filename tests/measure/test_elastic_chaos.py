@@ -1,5 +1,7 @@
 """A job of 2 nodes x 2 processes (torchrun's elastic agent, each node in a namespace of its own) loses node 1 to
 kill -9 and goes on without a re-submission (scripts/chaos.py --elastic runs more trials)."""
+import re
+
 import pytest
 
 from llmfoundry_ext.measure.chaos import SAVE_EVERY
@@ -26,3 +28,8 @@ def test_a_job_that_loses_a_node_goes_on_with_the_samples_and_losses_it_would_ha
             f"torchrun's elastic agent restarts the workers on the nodes left (restart 1 of 3), from the last "
             f"checkpoint."]
         assert '  elastic (torchrun): restart 1 of 3; 2 ranks on 1 node' in log
+        resumed = recovery.resumed_from_batch
+        origin = f'the checkpoint of batch {resumed}' if resumed else 'scratch'
+        assert re.search(rf'^recovery: restart 1 of 3 at 2 ranks on 1 node \(before: 4 ranks on 2 nodes, to batch '
+                         rf'\d+\); resumed from {origin}, \d+ batch(es)? trained again; batch {resumed + 1} trained '
+                         rf'[\d.]+ s after batch \d+ was$', log, flags=re.MULTILINE)

@@ -64,14 +64,15 @@ def test_sbatch_renders_the_composer_command(slurm_job, script, node):
 
 @pytest.mark.parametrize('node', [0, 1])
 def test_with_min_nodes_the_sbatch_renders_torchruns_elastic_agent(slurm_job, node):
-    """MIN_NODES=1: torchrun's elastic agent on every node, its rendezvous on the job's first host."""
+    """MIN_NODES=1: torchrun's elastic agent on every node (through elastic_launch), its rendezvous on the job's first
+    host."""
     result = subprocess.run(['bash', os.path.join(SLURM, 'nvidia.sbatch'), 'yamls/llama8b.yaml'],
                             env={**slurm_job, 'SLURM_NODEID': str(node), 'MIN_NODES': '1'}, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
-        'torchrun --nnodes 1:2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint gpu017:29500 --rdzv-id 4242 '
-        '--max-restarts 3 train.py yamls/llama8b.yaml')
+        'python -m llmfoundry_ext.elastic_launch --nnodes 1:2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint '
+        'gpu017:29500 --rdzv-id 4242 --rdzv-conf join_timeout=600 --max-restarts 3 train.py yamls/llama8b.yaml')
 
 
 def test_launcher_outside_slurm_says_so():
