@@ -181,3 +181,38 @@ def test_a_two_node_job_stops_when_a_node_dies_and_resumes_on_any_node_count(nod
         resumed = job.run(name, nodes, per_node)
         assert f'autoresume: resuming from the latest checkpoint at batch {SAVE_EVERY}\n' in resumed, resumed[-2000:]
         assert job.global_batches(name, 4) == expected, name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_with_min_nodes_launch_sh_runs_the_elastic_agent_on_every_node(nodes_of_their_own, tmp_path):
+    """MIN_NODES=1, 2 nodes x 2 processes: the real launch.sh once a node (each in namespaces of its own, node 0's
+    rendezvous listening before node 1 starts), both agents end well and the run trained on 4 ranks of 2 nodes with
+    the elastic line in its start summary (the losses of nodes and the ends: tests/measure/test_elastic_*.py, through
+    the same command)."""
+    from llmfoundry_ext.measure.elastic_chaos import NODE_OF_ITS_OWN, wait_for_the_rendezvous
+
+    stubs = tmp_path / 'bin'
+    stubs.mkdir()
+    (stubs / 'scontrol').write_text(STUBS['scontrol'])
+    (stubs / 'scontrol').chmod(stat.S_IRWXU)
+    port, nodes, data = free_port(), [], demo_data(tmp_path / 'data')
+    for node in range(2):
+        env = {**os.environ, 'PATH': f"{stubs}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+               'SLURM_NNODES': '2', 'SLURM_NODEID': str(node), 'SLURM_JOB_NODELIST': '127.0.0.1', 'SLURM_JOB_ID': '7',
+               'GPUS_PER_NODE': '2', 'MASTER_PORT': str(port), 'MIN_NODES': '1', 'OMP_NUM_THREADS': '1'}
+        with open(tmp_path / f'node{node}.log', 'w') as log:
+            nodes.append(subprocess.Popen(
+                [*NODE_OF_ITS_OWN, 'bash', os.path.join(SLURM, 'launch.sh'), 'yamls/demo.yaml',
+                 f'variables.data_root={data}', 'max_duration=4ba', 'global_batch_size=8',
+                 'eval_interval=100ba', 'progress_bar=false', 'downstream=null',
+                 f"checkpoint.save_folder={tmp_path / 'run' / 'checkpoints'}",
+                 f"callbacks.sample_ledger.folder={tmp_path / 'run' / 'ledger'}"],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        if node == 0:
+            wait_for_the_rendezvous(port)
+    codes = [process.wait(timeout=300) for process in nodes]
+    log = (tmp_path / 'node0.log').read_text()
+    assert codes == [0, 0], log[-3000:]
+    assert '  elastic (torchrun): restart 0 of 3; 4 ranks on 2 nodes\n' in log
+    assert 'stopped at batch 4 of 4ba' in log
