@@ -9,16 +9,20 @@ hook for how its agent ends."""
 import os
 import sys
 
+from torch.distributed import DistError
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousError, RendezvousTimeoutError
 
+from llmfoundry_ext.errors import RESUBMIT
 from llmfoundry_ext.machine import MIN_NODES_VARIABLE
 
 LAUNCHER = [sys.executable, '-m', 'llmfoundry_ext.elastic_launch']  # a command line's first words
 JOIN_TIMEOUT_S = 600  # torchrun's c10d rendezvous's, where --rdzv-conf does not set join_timeout
-RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'
+# how the agent ends without finishing: its workers' failures, the rendezvous's (its timeout, closed, unreachable),
+# its store's, a signal
+ENDS = (ChildFailedError, RendezvousError, DistError, SignalException)
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +30,7 @@ def main(argv: list[str]) -> int:
     os.environ[MIN_NODES_VARIABLE] = args.nnodes.split(':')[0]  # the node watch's line says what a loss leaves
     try:
         torchrun.run(args)
-    except Exception as error:  # noqa: BLE001 - every way the agent ends is told in one line
+    except ENDS as error:  # anything else is a bug, and keeps its traceback
         print(f'error: {why_the_job_ends(error, args)} {RESUBMIT}', file=sys.stderr, flush=True)
         return 1
     return 0
@@ -44,6 +48,8 @@ def why_the_job_ends(error: Exception, args) -> str:
                 f'({join_timeout(args.rdzv_conf):g} s): the job ends.')
     if isinstance(error, SignalException):
         return f'the elastic agent got {error.sigval.name}: the job ends.'
+    if isinstance(error, RendezvousClosedError):
+        return "the rendezvous was closed (another node's agent ended the job): the job ends."
     return (f"the rendezvous at {args.rdzv_endpoint} (on the job's first node) cannot be reached "
             f'({type(error).__name__}): the job ends.')
 

@@ -1,5 +1,7 @@
 """Errors a user can act on: one line naming the problem and the fix, printed without a traceback."""
 
+RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'  # the fix where a job over nodes ends
+
 
 class ConfigError(ValueError):
     """A user error in the run configuration or its environment; one line naming the key and the fix."""

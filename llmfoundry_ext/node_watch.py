@@ -8,9 +8,9 @@ node's counter in the job's rendezvous store (the TCPStore at ``MASTER_ADDR:MAST
 already uses) every ``HEARTBEAT_SECONDS`` (or a sixth of the timeout, where that is shorter); every rank reads all
 the counters, and when one has not moved for ``timeout`` seconds of this rank's clock (or the store itself, on node
 0, cannot be reached) it prints one line naming the node and ends its process, so the launcher and ``srun
---kill-on-bad-exit`` end the job. Re-submitting
-the job resumes from the last checkpoint. Under torchrun's elastic agent (``--nnodes=MIN:MAX``, docs/reliability.md)
-the agent restarts the workers on the nodes left instead, while it has restarts left, and the line says so.
+--kill-on-bad-exit`` end the job. Re-submitting the job resumes from the last checkpoint. Under torchrun's elastic
+agent (``--nnodes=MIN:MAX``, ``elastic_launch``, docs/reliability.md) the agent restarts the workers on the nodes left
+instead, while it has restarts left and they are at least MIN, and the line says so (or that they are too few).
 """
 import os
 import sys
@@ -21,12 +21,12 @@ from typing import Optional
 
 from composer.utils import dist
 
+from llmfoundry_ext.errors import RESUBMIT
 from llmfoundry_ext.machine import Machine
 
 HEARTBEAT_SECONDS = 5.0
 EXIT_STATUS = 3
 KEY = 'llmfoundry_ext/node_heartbeat/{}'
-RESUBMIT = 'Re-submit the job to resume from its last checkpoint.'
 
 
 class NodeWatch:

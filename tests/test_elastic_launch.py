@@ -32,3 +32,15 @@ def test_each_end_of_the_agent_is_named_with_its_cause():
         "job ends.")
     default = torchrun.parse_args(['--nnodes=1:2', 'train.py'])
     assert why_the_job_ends(RendezvousTimeoutError(), default).endswith('join timeout (600 s): the job ends.')
+
+
+def test_a_closed_rendezvous_is_another_agents_end_and_anything_else_keeps_its_traceback():
+    from torch.distributed import DistNetworkError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+
+    from llmfoundry_ext.elastic_launch import ENDS
+    assert why_the_job_ends(RendezvousClosedError(), ARGS) == (
+        "the rendezvous was closed (another node's agent ended the job): the job ends.")
+    assert why_the_job_ends(DistNetworkError('Connection reset by peer'), ARGS).endswith(
+        'cannot be reached (DistNetworkError): the job ends.')
+    assert not isinstance(ValueError('--nnodes 3:2'), ENDS)  # a bad argument is torchrun's own error

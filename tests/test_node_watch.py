@@ -84,7 +84,8 @@ def test_a_job_that_ends_well_ends_without_an_error_on_any_node(tmp_path):
 
 def test_under_torchruns_elastic_agent_the_line_says_the_workers_restart_while_they_may(monkeypatch):
     from llmfoundry_ext.machine import Machine
-    from llmfoundry_ext.node_watch import RESUBMIT, what_follows
+    from llmfoundry_ext.errors import RESUBMIT
+    from llmfoundry_ext.node_watch import what_follows
     monkeypatch.setenv('WORLD_SIZE', '4')
     monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
