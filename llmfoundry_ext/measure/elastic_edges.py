@@ -75,6 +75,7 @@ class Edges:
         return global_samples(ledgers, batch, ranks)[batch:] == self.expected[batch:]
 
     def ranks_after(self, name: str, batch: int, ranks: int) -> int:
+        """How many of ``ranks`` ranks recorded a batch after ``batch``."""
         return sum(any(b > batch for b in ledger) for ledger in self.runner.ledgers(name, ranks))
 
     def grow(self) -> Edge:
