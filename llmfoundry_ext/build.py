@@ -94,9 +94,8 @@ def downstream_callbacks(run: Run) -> list:
 def recovery_callbacks(run: Run) -> list:
     """The recovery line under torchrun's elastic agent (restarts allowed), where the run keeps checkpoints on a
     file system."""
-    folder = run.config.checkpoint_folder
-    elastic = run.plan.machine.max_restarts > 0
-    return [RecoveryLine(folder, run.plan.machine)] if elastic and folder and '://' not in folder else []
+    folder, machine = run.config.checkpoint_folder, run.plan.machine
+    return [RecoveryLine(folder, machine)] if machine.elastic and folder and '://' not in folder else []
 
 
 def build_trainer(run: Run, device=None, extra_callbacks: list = (), model=None) -> Trainer:

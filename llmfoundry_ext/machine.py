@@ -90,6 +90,16 @@ class Machine:
     def restarts_left(self) -> int:
         return self.max_restarts - self.restart
 
+    @property
+    def elastic(self) -> bool:
+        """Started by torchrun's elastic agent with restarts allowed."""
+        return self.max_restarts > 0
+
+    @property
+    def world(self) -> str:
+        """'4 ranks on 2 nodes'."""
+        return f"{self.world_size} ranks on {self.nodes} node{'s' if self.nodes > 1 else ''}"
+
     @classmethod
     def from_environment(cls, gpu: Optional[GPU] = None) -> 'Machine':
         """This process's launch (composer, torchrun, srun), before any process group, and its GPU."""

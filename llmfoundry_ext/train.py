@@ -200,11 +200,9 @@ def start_summary(run: Run, trainer) -> str:
 def elastic_line(machine: Machine) -> list[str]:
     """Under torchrun's elastic agent: the restarts it has made of those allowed (a node joining is none), and the
     world it restarted at."""
-    if machine.max_restarts == 0:
+    if not machine.elastic:
         return []
-    nodes = f"{machine.nodes} node{'s' if machine.nodes > 1 else ''}"
-    return [f"  elastic (torchrun): restart {machine.restart} of {machine.max_restarts}; {machine.world_size} ranks on "
-            f"{nodes}"]
+    return [f'  elastic (torchrun): restart {machine.restart} of {machine.max_restarts}; {machine.world}']
 
 
 def optimizer_line(run: Run) -> str:

@@ -92,6 +92,8 @@ def test_under_torchruns_elastic_agent_the_line_says_the_workers_restart_while_t
     monkeypatch.setenv('TORCHELASTIC_MAX_RESTARTS', '3')
     second_start = Machine.from_environment()
     assert (second_start.nodes, second_start.restart, second_start.restarts_left) == (2, 1, 2)
+    assert (second_start.elastic, second_start.world) == (True, '4 ranks on 2 nodes')
+    assert (Machine(world_size=2, local_world_size=2).elastic, Machine(2, 2).world) == (False, '2 ranks on 1 node')
     assert what_follows(second_start) == ("torchrun's elastic agent restarts the workers on the nodes left (restart 2 "
                                           "of 3), from the last checkpoint.")
     monkeypatch.setenv('LLMFOUNDRY_EXT_MIN_NODES', '2')  # elastic_launch's --nnodes 2:2: the node left is too few

@@ -35,15 +35,11 @@ class RecoveryLine(Callback):
     def batch_end(self, state: State, logger: Logger) -> None:
         if dist.get_global_rank() != 0:
             return
-        progress = {'batch': int(state.timestamp.batch), 'time': time.time(), 'world': world(self.machine)}
+        progress = {'batch': int(state.timestamp.batch), 'time': time.time(), 'world': self.machine.world}
         if self.before is not None:
             print(recovery_line(self.before, self.resumed, progress, self.machine), flush=True)
             self.before = None
         write_atomically(self.path, json.dumps(progress))
-
-
-def world(machine: Machine) -> str:
-    return f"{machine.world_size} ranks on {machine.nodes} node{'s' if machine.nodes > 1 else ''}"
 
 
 def recovery_line(before: dict, resumed: int, now: dict, machine: Machine) -> str:
