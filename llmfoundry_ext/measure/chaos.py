@@ -213,12 +213,17 @@ def run(folder: str, trials: int, seed: int, write_delay: float, report=print) -
     """The uninterrupted run, then ``trials`` killed and resumed ones, each reported as it ends."""
     runner = Runner(folder, run_yaml(folder, write_streams(folder), KEEP), write_delay)
     runner.finish('uninterrupted', attempts=1)
-    expected = runner.ledgers('uninterrupted')
+    return each_trial(trial, runner, runner.ledgers('uninterrupted'), trials, seed, lambda r: report(format_row(r)))
+
+
+def each_trial(trial, runner: Runner, expected, trials: int, seed: int, report) -> list:
+    """``trial(runner, number, expected, rng)`` for numbers 1 to ``trials``, the kill points drawn from ``seed``;
+    each result handed to ``report`` as it ends."""
     rng = random.Random(seed)
     results = []
     for number in range(1, trials + 1):
         results.append(trial(runner, number, expected, rng))
-        report(format_row(results[-1]))
+        report(results[-1])
     return results
 
 

@@ -26,8 +26,8 @@ import yaml
 
 from llmfoundry_ext.elastic_launch import JOIN_TIMEOUT_S
 from llmfoundry_ext.elastic_launch import LAUNCHER as ELASTIC_LAUNCHER
-from llmfoundry_ext.measure.chaos import (BATCHES, KEEP, Runner, keep_checkpoints_up_to, last_recorded, resumption,
-                                          run_yaml, wait_for_a_kill_point, write_streams)
+from llmfoundry_ext.measure.chaos import (BATCHES, KEEP, Runner, each_trial, keep_checkpoints_up_to, last_recorded,
+                                          resumption, run_yaml, wait_for_a_kill_point, write_streams)
 
 PER_NODE = 2             # processes a node
 NODE_TIMEOUT_S = 30      # node_timeout_s by default (the YAMLs' too): how long a silent node is waited for. Beside
@@ -215,14 +215,13 @@ def run(folder: str, trials: int, seed: int, write_delay: float, report=print,
         node_timeout: float = NODE_TIMEOUT_S) -> list[Recovery]:
     """The uninterrupted run (one node), then ``trials`` two-node jobs that lose node 1, each reported as it ends."""
     runner = ElasticRunner(folder, elastic_yaml(folder, node_timeout), write_delay)
+    return each_trial(trial, runner, uninterrupted(runner), trials, seed, lambda r: report(format_row(r)))
+
+
+def uninterrupted(runner: ElasticRunner) -> list[list[int]]:
+    """The reference: each batch's global sample ids in a run on one node, uninterrupted."""
     runner.finish('uninterrupted', attempts=1)
-    expected = global_samples(runner.ledgers('uninterrupted', PER_NODE), BATCHES, PER_NODE)
-    rng = random.Random(seed)
-    results = []
-    for number in range(1, trials + 1):
-        results.append(trial(runner, number, expected, rng))
-        report(format_row(results[-1]))
-    return results
+    return global_samples(runner.ledgers('uninterrupted', PER_NODE), BATCHES, PER_NODE)
 
 
 HEADER = (f"{'trial':>5} {'aimed at':>8} {'killed after':>12} {'inside write of':>15} {'resumed from':>12} "

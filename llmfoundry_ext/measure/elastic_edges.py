@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from llmfoundry_ext.measure.chaos import BATCHES, last_recorded, resumption
 from llmfoundry_ext.measure.elastic_chaos import (PER_NODE, ElasticRunner, elastic_yaml, global_samples,
-                                                  wait_for_the_rendezvous)
+                                                  uninterrupted, wait_for_the_rendezvous)
 
 JOIN_TIMEOUT_S = 15  # the ends' rendezvous: how long a restarted agent waits for the job's minimum of nodes
 
@@ -43,8 +43,7 @@ class Edges:
     def __init__(self, folder: str, node_timeout: float, write_delay: float = 0.02, seed: int = 0):
         self.runner = ElasticRunner(folder, elastic_yaml(folder, node_timeout, canonical_nodes=6,
                                                          global_batch_size=12), write_delay)
-        self.runner.finish('uninterrupted', attempts=1)
-        self.expected = global_samples(self.runner.ledgers('uninterrupted', PER_NODE), BATCHES, PER_NODE)
+        self.expected = uninterrupted(self.runner)
         self.rng = random.Random(seed)
 
     def port(self) -> int:
@@ -69,14 +68,12 @@ class Edges:
             time.sleep(0.01)
         return target
 
-    def samples_after(self, name: str, batch: int, ranks: int) -> bool:
-        """Whether every batch after ``batch`` over ``ranks`` ranks' ledgers is the uninterrupted run's."""
+    def after(self, name: str, batch: int, ranks: int) -> tuple[bool, int]:
+        """From ``ranks`` ranks' ledgers: whether every batch after ``batch`` over them is the uninterrupted run's,
+        and how many of them recorded a batch after it."""
         ledgers = self.runner.ledgers(name, ranks)
-        return global_samples(ledgers, batch, ranks)[batch:] == self.expected[batch:]
-
-    def ranks_after(self, name: str, batch: int, ranks: int) -> int:
-        """How many of ``ranks`` ranks recorded a batch after ``batch``."""
-        return sum(any(b > batch for b in ledger) for ledger in self.runner.ledgers(name, ranks))
+        return (global_samples(ledgers, batch, ranks)[batch:] == self.expected[batch:],
+                sum(any(b > batch for b in ledger) for ledger in ledgers))
 
     def grow(self) -> Edge:
         name = 'grow'  # slow checkpoint writes, and node 2 started early: it starts in seconds, the run is 24 batches
@@ -88,8 +85,8 @@ class Edges:
         text = console.text(since=joined)
         resumed, _ = resumption(text)
         first = console.first_after(joined, r'^batch \d+/', after=console.first_after(joined, r'6 ranks on 3 nodes'))
-        return Edge(name, statuses, error_lines(text), resumed, self.samples_after(name, resumed, 3 * PER_NODE),
-                    self.ranks_after(name, resumed, 3 * PER_NODE), first, recovery_line(text))
+        return Edge(name, statuses, error_lines(text), resumed, *self.after(name, resumed, 3 * PER_NODE), first,
+                    recovery_line(text))
 
     def end(self, name: str, nnodes: str = '1:2', max_restarts: int = 1, lose=(1,), then_a_worker: bool = False
             ) -> Edge:
@@ -120,8 +117,7 @@ class Edges:
             raise RuntimeError(f'{name}: the re-submission failed; see {self.runner.folder}/{name}-node0.log')
         text = nodes[0][1].text()
         resumed, _ = resumption(text)
-        return (resumed, self.samples_after(name, resumed, 2 * PER_NODE), self.ranks_after(name, resumed, 2 * PER_NODE),
-                recovery_line(text))
+        return (resumed, *self.after(name, resumed, 2 * PER_NODE), recovery_line(text))
 
     def each(self):
         """Each edge's result, as it ends: grow, then the ends."""
