@@ -75,7 +75,8 @@
 #                                               LR (3e-4); ROOTS and SUFFIX: another corpus (.corpora/linux-doc
 #                                               .rst.txt: data_prep/linux_doc_corpus.sh); EVAL_EVERY: held-out loss
 #                                               every so many steps and the time-to-quality table, QUALITY
-#                                               (ours:torchtitan) its REFERENCE:TARGET
+#                                               (ours:torchtitan) its REFERENCE:TARGET; TT_RANKS=N: the corpus in
+#                                               torchtitan's order on N GPUs (--torchtitan-ranks)
 #   bash benchmarks/gpu.sh grid CORPUS LR ROW[@STEPS]...  one GPU: a cell of the time-to-quality grid
 #                                               (docs/learning.md): the 1B at 4 x 8,192 tokens a step, 400 steps,
 #                                               seed GRID_SEED (1), every row from grid-bf16's weights, held-out
@@ -91,8 +92,9 @@
 #                                               grid-shipped-rowwise: llama1b.yaml's tied model (float8 with the
 #                                               output layer, float8 blocks, bf16: the default, rowwise float8
 #                                               blocks) from its own weights;
-#                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps, a call each):
-#                                               llama8b.yaml as shipped beside torchtitan fp8 from the 8B's weights;
+#                                               grid-8b grid-8b-titan-fp8 (2 GPUs, 300 steps of 2 x 8,192 tokens,
+#                                               a call each): llama8b.yaml as shipped beside torchtitan fp8 from the
+#                                               8B's weights, each GPU torchtitan's samples of its rank;
 #                                               grid-mixtral-bf16 grid-mixtral-float8 grid-mixtral-float8-experts:
 #                                               Mixtral's width, 2 layers, auto settings, from its own weights.
 #                                               Consecutive rows from the same weights and schedule are one learning
@@ -348,10 +350,10 @@ declare -A LEARN=([ours]="ours $L" [shipped]="ours-shipped $S" [gpt2]="ours-gpt2
                   [grid-shipped-blocks]="ours-shipped-float8-blocks yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_output=false"
                   [grid-shipped-bf16]="ours-shipped-bf16 yamls/llama1b.yaml global_batch_size=4 model.float8=false"
                   [grid-shipped-rowwise]="ours-shipped-float8-rowwise yamls/llama1b.yaml global_batch_size=4 model.float8=true model.float8_recipe=rowwise model.float8_output=false"
-                  # 2 GPUs: llama8b.yaml as shipped (auto, 2 samples a GPU) beside torchtitan's fp8 (its
-                  # llama3 config: the output layer in bf16), from the 8B's weights
-                  [grid-8b]="ours-8b yamls/llama8b.yaml global_batch_size=4"
-                  [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=2"
+                  # 2 GPUs: llama8b.yaml as shipped (auto; one sample a GPU, so 300 steps fit a call) beside
+                  # torchtitan's fp8 (its llama3 config: the output layer in bf16), from the 8B's weights
+                  [grid-8b]="ours-8b yamls/llama8b.yaml global_batch_size=2"
+                  [grid-8b-titan-fp8]="torchtitan-fp8 torchtitan:fp8 FLAVOR=8B LBS=1"
                   # Mixtral's width with 2 layers, from its own weights: bf16, float8 on the attention, and on the
                   # experts' grouped GEMMs too (issue 67: float8 experts where the held-out loss holds)
                   [grid-mixtral-bf16]="ours-mixtral-bf16 $X model.float8=false"
@@ -371,7 +373,7 @@ learning() {  # seeds rows...: the learning benchmark's rows (LEARN) on each see
     --gpus "${LEARNING_GPUS:-1}" ${LR:+--lr "$LR"} ${ROOTS:+--roots $ROOTS --suffix "${SUFFIX:-.py}"} \
     ${SHARED_INIT:+--shared-init "${LEARN[$SHARED_INIT]}"} \
     ${EVAL_EVERY:+--eval-every "$EVAL_EVERY" --quality "${QUALITY:-ours:torchtitan}"} ${STOP_BY:+--stop-by "$STOP_BY"} \
-    ${TRANSFORMERS_CHECK:+--transformers-check "$TRANSFORMERS_CHECK"} \
+    ${TRANSFORMERS_CHECK:+--transformers-check "$TRANSFORMERS_CHECK"} ${TT_RANKS:+--torchtitan-ranks "$TT_RANKS"} \
     --json "$OUT/$name.json" --versus ours:torchtitan "${rows[@]}" \
     2>&1 | tee "$OUT/$name.log" | grep -E "^(===|corpus|steps| +[0-9]+-|ours|hf |run |target|row |torchtitan|Traceback)|Error"
 }
@@ -423,7 +425,8 @@ grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the 
   esac
   CELL=$corpus-$lr STEPS=$steps LR=$lr EVAL_EVERY=100 QUALITY=$quality SHARED_INIT=$init \
     STOP_BY=$(( ${STOP_BY:-540} - SECONDS )) TRANSFORMERS_CHECK=${TRANSFORMERS_CHECK-ours-bf16} \
-    LEARNING_GPUS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix LEARNING_WORK=/tmp/learning-$corpus${LANE:-} \
+    LEARNING_GPUS=$gpus TT_RANKS=$gpus CORPUS_MB=$megabytes ROOTS=$roots SUFFIX=$suffix \
+    LEARNING_WORK=/tmp/learning-$corpus${LANE:-} \
     learning "${GRID_SEED:-1}" "$@"
 }
 

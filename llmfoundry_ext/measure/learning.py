@@ -40,6 +40,7 @@ from llmfoundry_ext.measure.time_to_quality import (RECIPES, TARGET, Curve, Eval
                                                   format_decision, over_seeds, row_of)
 from llmfoundry_ext.measure.time_to_quality import format_table as format_quality
 from llmfoundry_ext.config import read_yaml
+from llmfoundry_ext.data.mds import TOKENS, read_manifest, write_mds
 from llmfoundry_ext.preflight import prepare
 from llmfoundry_ext.weights import save_hf
 
@@ -141,6 +142,40 @@ def convert_corpus(corpus: str, tokenizer: str, window: int, out: str) -> dict:
     if result.returncode != 0:
         raise RuntimeError(f'converting the corpus failed: {result.stderr.strip().splitlines()[-1]}')
     return json.loads(result.stdout.strip().splitlines()[-1])['train']
+
+
+def rank_shares(documents: int, ranks: int) -> list[range]:
+    """The documents each of torchtitan's ``ranks`` data-parallel ranks reads: datasets' ``split_dataset_by_node``
+    of a map-style dataset (``Dataset.shard(contiguous=True)``): contiguous shares, the first ``documents % ranks``
+    one document longer."""
+    share, longer = divmod(documents, ranks)
+    return [range(share * rank + min(rank, longer), share * (rank + 1) + min(rank + 1, longer))
+            for rank in range(ranks)]
+
+
+def convert_in_torchtitans_order(corpus: str, tokenizer: str, window: int, out: str, ranks: int = 1) -> dict:
+    """``convert_corpus``, its windows in the order torchtitan reads them on ``ranks`` GPUs: each rank packs its own
+    share of the documents (``rank_shares``) and a step takes each rank's next window, so the shards hold share 0's
+    window 0, share 1's window 0, ..., then every share's window 1; ours on as many GPUs gives rank r the samples
+    r, r + ranks, ... (streaming's partition, unshuffled): each rank trains on torchtitan's rank's samples, token
+    for token. Every share is cut to the shortest one's windows. Returns the train figures (``tokens``)."""
+    if ranks == 1:
+        return convert_corpus(corpus, tokenizer, window, out)
+    from streaming import StreamingDataset
+
+    with open(os.path.join(corpus, 'all.jsonl')) as file:
+        documents = file.readlines()
+    shares = []
+    for rank, share in enumerate(rank_shares(len(documents), ranks)):
+        folder = f'{out}-rank{rank}'
+        os.makedirs(os.path.join(folder, 'corpus'), exist_ok=True)
+        with open(os.path.join(folder, 'corpus', 'all.jsonl'), 'w') as file:
+            file.writelines(documents[share.start:share.stop])
+        convert_corpus(os.path.join(folder, 'corpus'), tokenizer, window, os.path.join(folder, 'mds'))
+        shares.append(StreamingDataset(local=os.path.join(folder, 'mds', 'train'), shuffle=False, batch_size=1))
+    windows = (share[index][TOKENS] for index in range(min(map(len, shares))) for share in shares)
+    first = os.path.join(f'{out}-rank0', 'mds', 'train')
+    return write_mds(os.path.join(out, 'train'), windows, {**read_manifest(first), 'torchtitan_ranks': ranks})
 
 
 def our_run_yaml(row: Row, folder: str, data: dict, hyper: Hyper, seed: int) -> str:
@@ -276,17 +311,18 @@ class Plan:
 
 def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: int,
                  tokenizer_source: str = TORCHTITAN_TOKENIZER, suffix: str = '.py',
-                 held_out_megabytes: float = 0.0) -> dict:
-    """The corpus, the tokenizer and our MDS shards of it (windows of ``seq_len`` + 1 tokens, torchtitan's samples)
-    under ``work``, and ``held_out_megabytes`` of the pieces the corpus left out (documents never trained on) the
-    same way; returns where they are and their sizes. A ``work`` folder that holds them for the same request
-    already is used as it is."""
+                 held_out_megabytes: float = 0.0, ranks: int = 1) -> dict:
+    """The corpus, the tokenizer and our MDS shards of it (windows of ``seq_len`` + 1 tokens, torchtitan's samples,
+    in the order its ``ranks`` GPUs read them: ``convert_in_torchtitans_order``) under ``work``, and
+    ``held_out_megabytes`` of the pieces the corpus left out (documents never trained on) the same way; returns
+    where they are and their sizes. A ``work`` folder that holds them for the same request already is used as it
+    is."""
     window = seq_len + 1
     if not os.path.isfile(tokenizer_source):
         raise FileNotFoundError(f'{tokenizer_source}: no tokenizer; run bash ../shared/anchors/prepare.sh first')
     made = os.path.join(work, 'data.json')
     asked = {'roots': roots, 'suffix': suffix, 'requested_megabytes': corpus_megabytes, 'window': window,
-             'requested_held_out_megabytes': held_out_megabytes}
+             'requested_held_out_megabytes': held_out_megabytes, 'torchtitan_ranks': ranks}
     if os.path.isfile(made):
         with open(made) as file:
             data = json.load(file)
@@ -294,26 +330,27 @@ def prepare_data(work: str, roots: list[str], corpus_megabytes: float, seq_len: 
             return data
     corpus = write_corpus(roots, os.path.join(work, 'corpus'), corpus_megabytes, suffix=suffix)
     tokenizer = write_tokenizer(os.path.join(work, 'tokenizer'), tokenizer_source)
-    converted = convert_corpus(os.path.join(work, 'corpus'), tokenizer, window, os.path.join(work, 'mds'))
+    converted = convert_in_torchtitans_order(os.path.join(work, 'corpus'), tokenizer, window,
+                                             os.path.join(work, 'mds'), ranks)
     data = {'corpus': os.path.join(work, 'corpus'), 'tokenizer': tokenizer, 'mds': os.path.join(work, 'mds', 'train'),
             'documents': corpus['documents'], 'megabytes': corpus['megabytes'], 'tokens': converted['tokens'],
             **asked}
     if held_out_megabytes:
-        data.update(held_out(work, roots, suffix, corpus['documents'], held_out_megabytes, tokenizer, window))
+        data.update(held_out(work, roots, suffix, corpus['documents'], held_out_megabytes, tokenizer, window, ranks))
     write_atomically(made, json.dumps(data))
     return data
 
 
 def held_out(work: str, roots: list[str], suffix: str, documents: int, megabytes: float, tokenizer: str,
-             window: int) -> dict:
+             window: int, ranks: int = 1) -> dict:
     """The first ``megabytes`` of the pieces a corpus of ``documents`` left out, as JSON lines (torchtitan's
-    validation reads them) and our MDS windows of them."""
+    validation reads them) and our MDS windows of them (in the order its ``ranks`` GPUs read them)."""
     pieces = held_out_pieces(roots, documents, suffix=suffix)
     if not pieces:
         raise ValueError(f'the corpus took every piece of {roots}: none is left out to evaluate on; lower --corpus-mb')
     folder = os.path.join(work, 'held-out')
     count, size = write_pieces(pieces, folder, megabytes)
-    converted = convert_corpus(folder, tokenizer, window, os.path.join(work, 'held-out-mds'))
+    converted = convert_in_torchtitans_order(folder, tokenizer, window, os.path.join(work, 'held-out-mds'), ranks)
     return {'held_out_corpus': folder, 'held_out_mds': os.path.join(work, 'held-out-mds', 'train'),
             'held_out_documents': count, 'held_out_megabytes': size / 1e6, 'held_out_tokens': converted['tokens']}
 
@@ -627,7 +664,8 @@ def train_command(args) -> int:
         work = args.work or scratch
         begun = time.monotonic()
         data = prepare_data(work, args.roots, args.corpus_mb, args.seq_len, suffix=args.suffix,
-                            held_out_megabytes=args.held_out_mb if args.eval_every else 0.0)
+                            held_out_megabytes=args.held_out_mb if args.eval_every else 0.0,
+                            ranks=args.torchtitan_ranks)
         print(f"corpus: {data['documents']:,} documents, {data['megabytes']:.1f} MB, {data['tokens']:,} tokens "
               f"({time.monotonic() - begun:.0f} s)", flush=True)
         report = run(plan, data, work, args.versus, args.json, args.quality)

@@ -296,6 +296,76 @@ def test_each_batch_holds_torchtitans_samples_token_for_token(learning_data, tmp
     assert ours == theirs
 
 
+def test_torchtitans_ranks_read_contiguous_shares_of_the_documents():
+    """datasets' split_dataset_by_node of a map-style dataset, as torchtitan v0.2.2 splits its data over GPUs."""
+    assert learning.rank_shares(5, 2) == [range(0, 3), range(3, 5)]
+    assert learning.rank_shares(4, 2) == [range(0, 2), range(2, 4)]
+    assert learning.rank_shares(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
+    assert learning.rank_shares(3, 1) == [range(0, 3)]
+
+
+@pytest.fixture(scope='module')
+def two_rank_data(tmp_path_factory) -> dict:
+    """The corpus of 3 of the tree's 6 pieces in torchtitan's order for 2 GPUs, the other 3 held out."""
+    root = tmp_path_factory.mktemp('two-ranks')
+    return prepare_data(str(root / 'work'), [source_tree(root / 'src')], 0.006, SEQ_LEN,
+                        small_tokenizer(str(root / 'source-tokenizer')), held_out_megabytes=1.0, ranks=2)
+
+
+def shares_samples(corpus: str, tokenizer: str, folder) -> list[list]:
+    """Each of 2 GPUs' torchtitan windows: ``corpus``'s first 2 documents and its last (3 split by node), each share
+    packed on its own."""
+    lines = open(os.path.join(corpus, 'all.jsonl')).readlines()
+    windows = []
+    for name, share in (('a', lines[:(len(lines) + 1) // 2]), ('b', lines[(len(lines) + 1) // 2:])):
+        os.makedirs(folder / name)
+        (folder / name / 'all.jsonl').write_text(''.join(share))
+        windows.append([inputs + labels[-1:] for inputs, labels in
+                        torchtitan_samples(str(folder / name), tokenizer, SEQ_LEN, 10 ** 6)])
+    return windows
+
+
+READ_ON_TWO_RANKS = """
+import json, sys
+from llmfoundry_ext.build import build_collator
+from llmfoundry_ext.data.dataloader import build_dataloader
+from llmfoundry_ext.preflight import prepare
+run = prepare(sys.argv[1])
+section = run.config.data.eval if sys.argv[2] == 'eval' else run.config.data.train
+loader = build_dataloader(section, run.config.device_batch_size, build_collator(run), held_out=sys.argv[2] == 'eval')
+print(json.dumps([[*batch['input_ids'][0].tolist(), batch['labels'][0, -1].item()] for batch in loader.dataloader]))
+"""
+
+
+def test_on_two_gpus_each_rank_reads_torchtitans_samples_of_that_rank(two_rank_data, tmp_path):
+    """Training and held-out shards interleave the two shares' windows (cut to the shorter share's); read on 2
+    ranks, rank r's batches are torchtitan's rank r's samples in order, token for token."""
+    import subprocess
+    import sys
+
+    from streaming import StreamingDataset
+
+    row = Row.parse(f'ours yamls/demo.yaml {SMALL} device_microbatch_size=1')
+    yaml = our_run_yaml(row, str(tmp_path), two_rank_data, Hyper(steps=2, eval_every=2, eval_batches=2), seed=5)
+    for section, corpus, mds in (('train', 'corpus', 'mds'), ('eval', 'held_out_corpus', 'held_out_mds')):
+        first, second = shares_samples(two_rank_data[corpus], two_rank_data['tokenizer'], tmp_path / section)
+        count = min(len(first), len(second))
+        stored = StreamingDataset(local=two_rank_data[mds], shuffle=False, batch_size=1)
+        assert [stored[index]['tokens'].tolist() for index in range(len(stored))] == [
+            window for pair in zip(first[:count], second[:count]) for window in pair]
+        assert two_rank_data['tokens' if section == 'train' else 'held_out_tokens'] == 2 * count * (SEQ_LEN + 1)
+        ranks = [subprocess.Popen([sys.executable, '-c', READ_ON_TWO_RANKS, yaml, section], stdout=subprocess.PIPE,
+                                  text=True, cwd=learning.REPO,
+                                  env={**os.environ, 'RANK': str(rank), 'LOCAL_RANK': str(rank), 'WORLD_SIZE': '2',
+                                       'LOCAL_WORLD_SIZE': '2', 'NODE_RANK': '0', 'MASTER_ADDR': '127.0.0.1',
+                                       'MASTER_PORT': '29617'})
+                 for rank in (0, 1)]
+        read = [json.loads(process.communicate(timeout=120)[0]) for process in ranks]
+        assert [process.returncode for process in ranks] == [0, 0]
+        assert read == [first[:count], second[:count]]
+        assert count >= 3
+
+
 FAKE_TORCHTITAN = """
 import json, os, sys
 env = {key: os.environ[key] for key in ('LR', 'WARMUP', 'SEED', 'DATA_JSON', 'STEPS', 'TT_TIMEOUT', 'FLAVOR')}
