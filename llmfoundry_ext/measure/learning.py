@@ -444,12 +444,15 @@ class UnusableRuns(ValueError):
     evaluations, or a timed row without a speed."""
 
 
-CORPUS_KEYS = ('documents', 'tokens', 'held_out_documents', 'held_out_tokens')  # what tells two corpora apart
+# what tells two corpora apart, each with its value in a report that predates it
+CORPUS_KEYS = {'documents': None, 'tokens': None, 'held_out_documents': None, 'held_out_tokens': None,
+               'torchtitan_ranks': 1}
 
 
 def corpus_of(report: dict) -> dict:
-    """The sizes of a report's corpus and held-out documents: runs compared at equal tokens must share them."""
-    return {key: report['data'].get(key) for key in CORPUS_KEYS}
+    """The sizes of a report's corpus and held-out documents, and the GPUs whose order they were written in: runs
+    compared at equal tokens must share them."""
+    return {key: report['data'].get(key, absent) for key, absent in CORPUS_KEYS.items()}
 
 
 def merge_reports(paths: list[str], versus: list[str], renames: list[str] = (),
@@ -479,7 +482,7 @@ def merge_loaded(by_path: dict[str, dict], versus: list[str], renames: list[str]
         if corpus_of(report) != corpus_of(first):
             raise UnusableRuns(f'{path}: trained and evaluated on {corpus_of(report)}; {paths[0]}: '
                                f"{corpus_of(first)} (another corpus: the Python one is the machine's installed "
-                               'packages)')
+                               "packages; or the same in torchtitan's order on another number of GPUs)")
     rows = [{**row, 'steps': report['hyper']['steps'], 'name': scheduled(renamed(row['name'], path, renames),
                                                                           report['hyper']['steps'], first)}
             for path, report in zip(paths, reports) for row in report['rows']]

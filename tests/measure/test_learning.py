@@ -156,8 +156,9 @@ def test_runs_on_another_corpus_are_not_merged_and_the_command_says_so_in_one_li
     assert main(['--report', *paths]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {paths[1]}: trained and evaluated on {{'documents': 9851, 'tokens': 5, 'held_out_documents': None, "
-        f"'held_out_tokens': None}}; {paths[0]}: {{'documents': 9850, 'tokens': 5, 'held_out_documents': None, "
-        "'held_out_tokens': None} (another corpus: the Python one is the machine's installed packages)")
+        f"'held_out_tokens': None, 'torchtitan_ranks': 1}}; {paths[0]}: {{'documents': 9850, 'tokens': 5, "
+        "'held_out_documents': None, 'held_out_tokens': None, 'torchtitan_ranks': 1} (another corpus: the Python one "
+        "is the machine's installed packages; or the same in torchtitan's order on another number of GPUs)")
 
 
 def test_a_row_that_would_outlast_the_calls_limit_is_not_begun(monkeypatch, capsys):
