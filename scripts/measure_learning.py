@@ -44,9 +44,7 @@ def main(argv: list[str]) -> int:
                         "this Python's installed packages)")
     parser.add_argument('--suffix', default='.py', help="the files' ending under --roots (.rst.txt: the English "
                         'prose of Debian\'s linux-doc, docs/learning.md)')
-    parser.add_argument('--torchtitan-ranks', type=int, default=1, metavar='N', help="the corpus in the order "
-                        "torchtitan reads it on N GPUs (each GPU its own contiguous share of the documents): ours on "
-                        "N GPUs trains on torchtitan's samples of each rank (default 1: the corpus in order)")
+    parser.add_argument('--torchtitan-ranks', type=int, default=1, help="the corpus in torchtitan's order on N GPUs")
     parser.add_argument('--seq-len', type=int, default=8192, help="tokens a sample (torchtitan's seq_len)")
     parser.add_argument('--work', help='folder for the corpus, shards and rows (default: a temporary one)')
     parser.add_argument('--versus', action='append', default=[], help="'OURS:THEIRS' row names")
