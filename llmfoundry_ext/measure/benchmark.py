@@ -35,6 +35,7 @@ from composer.utils import dist
 from llmfoundry_ext import preflight
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.gpu_clocks import GpuSampler, format_clocks
+from llmfoundry_ext.measure.profiling import allocator_counts
 from llmfoundry_ext.measure.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.launch import LAUNCHER
@@ -70,7 +71,9 @@ class Row:
 
 
 class StepTimer(Callback):
-    """Each step's time over the batches after ``warmup``, and the peak GPU memory in that window. It synchronises
+    """Each step's time over the batches after ``warmup``, the peak GPU memory in that window and the caching
+    allocator's cudaMalloc, cudaFree and out-of-memory retries in it (a row near the memory limit frees and retries
+    every step, each cudaFree waiting for the whole GPU: slow without a sign in its peak). It synchronises
     at the end of every batch from the warm-up's last (so each step ends when the GPU has finished), as torchtitan's
     anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The steps one by one
     tell a row slowed by a few stalls from one slow throughout. Held-out evaluations between batches are left out
@@ -82,14 +85,20 @@ class StepTimer(Callback):
         self.ends = []  # perf_counter at the end of the warm-up's last batch and of each timed batch, evaluations out
         self.evaluating = 0.0  # seconds spent in evaluations so far
         self.evaluation_start = None
+        self.allocator_counts = []  # allocator_counts() at the warm-up's end and at the training's (fit_end)
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.batches += 1
         if self.batches < self.warmup:
             return
+        if self.batches == self.warmup:
+            self.allocator_counts = [allocator_counts()]  # read before the clock: outside the first step's time
         self.ends.append(synchronized_time() - self.evaluating)
         if self.batches == self.warmup and torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+
+    def fit_end(self, state: State, logger: Logger) -> None:
+        self.allocator_counts.append(allocator_counts())
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self.evaluation_start = synchronized_time()
@@ -102,6 +111,12 @@ class StepTimer(Callback):
 
     def step_seconds(self) -> float:
         return (self.ends[-1] - self.ends[0]) / (len(self.ends) - 1)
+
+    def allocator(self) -> dict[str, int]:
+        """The allocator's counts over the timed steps and any evaluation among them (``profiling.ALLOCATOR_COUNTS``;
+        none without a GPU)."""
+        first, last = self.allocator_counts
+        return {key: count - first[key] for key, count in last.items()}
 
 
 def synchronized_time() -> float:
@@ -236,7 +251,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int, export: str | None = N
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
         'grad_norms': recorder.norms(), 'held_out': held_out.evaluations, 'tokens_per_step': config.tokens_per_step,
-        **hf,
+        'allocator': timer.allocator(), **hf,
     }
 
 
@@ -406,8 +421,15 @@ def format_table(results: list[dict], baseline: str | None) -> str:
         lines.append(f"{r['name']:<26}{r['model']:<11}{r['tokens_per_second_per_gpu']:>10,.0f}"
                      f"{optional(r['mfu'], '{:.1%}'):>7}{optional(r['step_seconds'], '{:.3f}'):>8}"
                      f"{optional(r['peak_allocated_gib'], '{:.1f}'):>10}{optional(r['peak_reserved_gib'], '{:.1f}'):>9}"
-                     f"{ratio:>8}{predictions(r)}")
+                     f"{ratio:>8}{predictions(r)}{allocator_note(r)}")
     return '\n'.join(lines)
+
+
+def allocator_note(row: dict) -> str:
+    """The allocator's frees and retries in the timed steps, where it made any (a steady run makes none)."""
+    counts = row.get('allocator') or {}
+    frees, retries = counts.get('num_device_free', 0), counts.get('num_alloc_retries', 0)
+    return f'  allocator: {frees} cudaFree, {retries} retries' if frees or retries else ''
 
 
 def predictions(row: dict) -> str:

@@ -59,6 +59,24 @@ def test_step_timer_gives_each_step_after_the_warm_up_and_their_mean(monkeypatch
 
 
 
+def test_step_timer_counts_the_allocators_frees_and_retries_over_the_timed_steps(monkeypatch):
+    """Warm-up 2 of 4 batches: the counts at the end of batch 2 are subtracted from those at the training's end."""
+    counts = iter([{'num_device_alloc': 5, 'num_device_free': 0, 'num_alloc_retries': 0},
+                   {'num_device_alloc': 9, 'num_device_free': 3, 'num_alloc_retries': 2}])
+    monkeypatch.setattr(benchmark, 'allocator_counts', lambda: next(counts))
+    timer = benchmark.StepTimer(warmup=2)
+    for _ in range(4):
+        timer.batch_end(None, None)
+    timer.fit_end(None, None)
+    assert timer.allocator() == {'num_device_alloc': 4, 'num_device_free': 3, 'num_alloc_retries': 2}
+    row = {'name': 'near', 'model': 'ours', 'tokens_per_second_per_gpu': 1000.0, 'mfu': 0.5, 'step_seconds': 1.0,
+           'peak_allocated_gib': 130.0, 'peak_reserved_gib': 138.0, 'allocator': timer.allocator()}
+    assert format_table([row], None).splitlines()[1] == (
+        'near                      ours            1,000  50.0%   1.000     130.0    138.0       -'
+        '  allocator: 3 cudaFree, 2 retries')
+    assert benchmark.allocator_note({**row, 'allocator': {}}) == ''  # no GPU, or none made
+
+
 def test_step_timer_leaves_held_out_evaluations_out_of_the_steps(monkeypatch):
     """Warm-up 1: an evaluation of 3 s between batches 1 and 2 is not step 2's time."""
     clock = iter([10.0, 10.5, 13.5, 14.0, 14.25])
