@@ -11,11 +11,10 @@ class GradientClipping(algorithms.GradientClipping):
     """Composer's ``GradientClipping``, but ``clipping_type: norm`` (not under amp_fp16, whose GradScaler unscales
     first: Composer's) clips as torch's ``clip_grad_norm_`` over FSDP2's meshes, one of them the experts' under
     expert parallelism (``total_norm``), which torch's takes one at a time. Under a fused torch optimizer (AdamW
-    ``fused: true``, or ``compiled_adamw``) the clip is handed to the optimizer: its kernel divides each gradient by
-    ``grad_scale`` (``max(1, norm / threshold)``, a GPU scalar) as it reads it, so the separate pass that multiplies
-    every gradient in place (8.8 ms a step of the 8B on 2 H200s) is not run; the weights end as with
-    ``clip_grad_norm_`` (torch's fused kernel also stores the gradients clipped, ``compiled_adamw`` leaves them).
-    Other types clip as Composer does. ``last_norm``: the
+    ``fused: true``) the clip is handed to the optimizer: its kernel divides each gradient by ``grad_scale``
+    (``max(1, norm / threshold)``, a GPU scalar) as it reads it, so the separate pass that multiplies every
+    gradient in place (8.8 ms a step of the 8B on 2 H200s) is not run; the gradients end clipped as with
+    ``clip_grad_norm_`` (the kernel stores them unscaled). Other types clip as Composer does. ``last_norm``: the
     gradients' total norm before clipping at the last step, a device tensor (None where Composer clips), as
     ``clip_grad_norm_`` returns it and torchtitan logs it."""
 

@@ -1,7 +1,6 @@
 """YAML names -> classes: Composer's own callbacks, algorithms, loggers, optimizers and schedulers, plus ours
-(gradient_clipping: Composer's, folded into a fused optimizer's step; compiled_adamw: torch's AdamW at the GPU's
-memory bandwidth; speed_monitor and tensorboard: Composer's, without a host sync a batch; garbage_collection:
-Python's collection at batch boundaries, which Composer has not).
+(gradient_clipping: Composer's, folded into a fused optimizer's step; speed_monitor and tensorboard: Composer's,
+without a host sync a batch; garbage_collection: Python's collection at batch boundaries, which Composer has not).
 
 A YAML entry ``name: {kwargs}`` is checked against the class's signature before training starts, so a
 misspelt name or argument is one line naming it and the nearest valid choice.
@@ -29,7 +28,6 @@ from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.config import OPTIMIZER_DEFAULT, SCHEDULER_DEFAULT, describe, first_line, suggest
 from llmfoundry_ext.config_reference import type_text
 from llmfoundry_ext.errors import ConfigError
-from llmfoundry_ext.optimizer import CompiledAdamW
 
 CALLBACKS = {
     'speed_monitor': SpeedMonitor,
@@ -66,7 +64,6 @@ LOGGER_PACKAGES = {'wandb': 'wandb', 'mlflow': 'mlflow'}  # what Composer's logg
 OPTIMIZERS = {
     'decoupled_adamw': optim.DecoupledAdamW,
     'adamw': torch.optim.AdamW,
-    'compiled_adamw': CompiledAdamW,
     'decoupled_sgdw': optim.DecoupledSGDW,
 }
 SCHEDULERS = {
