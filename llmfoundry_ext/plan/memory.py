@@ -23,19 +23,24 @@ feed-forward width a token runs through, V the vocabulary):
   so the larger of the two counts; a mixture of experts' first grouped GEMM in the backward (the experts' down
   projection) adds, while every activation is still kept, its weights' gradient (bf16, and on one process its fp32
   copy: 6 bytes a weight) and its input's (2 T k f_expert), counted in the same largest.
-- at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit).
+- at the backward's end the largest FSDP2 unit's unsharded fp32 gradient and gathered weights (6 P_unit), and with
+  checkpointing the block recomputed last: its activations (as without checkpointing) beside every gradient.
 - a mixture of experts under expert parallelism (degree X): a block's experts are a unit of their own, and a rank
   gathers the X-th of them its group holds; their SwiGLU runs eager (the dispatch is outside the compiled block),
   keeping SiLU's output as well (2 f a token more, without checkpointing).
 
-The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of every
-peak measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
+The peak is the larger of the forward's end (the backward's start) and the backward's end. Within 6 % of the
+peaks measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
 H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
 H200 at eight settings (``benchmarks/results/plan``; docs/planning.md), Mixtral's width with 2 layers on one H200
-in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``) and with 8 layers on two H200s,
-FSDP2 alone and expert parallel 2 (``benchmarks/results/ep-mixtral_h200x2``). The counter it predicts is
-``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
-plan's fit margin covers (``run_plan.usable_bytes``).
+in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``) and at six settings
+(``benchmarks/results/mixtral-auto_h200``), and with 8 layers on two H200s, FSDP2 alone and expert parallel 2
+(``benchmarks/results/ep-mixtral_h200x2``), the weights kept gathered. Not: Mixtral over two H200s resharded after
+the forward (110.3 GiB against 101.5 predicted, -8.0 %) and at 2 layers (34.8 against 31.7, -8.9 %; not explained
+yet). The counter it predicts is ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
+plan's fit margin covers (``run_plan.usable_bytes``) for dense models and Mixtral on one GPU. Not for Mixtral over two
+H200s: at 8 layers the allocator reserved all 138 GiB it could, 14-28 GiB beyond the allocated peak, and freed and
+retried its cache every one or two steps (2.4x and 1.5x slower than predicted, kept gathered and resharded).
 """
 import math
 from dataclasses import dataclass
@@ -159,7 +164,8 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     }
     largest_unit = max(*units, output_params)
     backward = {'parameters and optimizer state': states, 'gradients': gradients,
-                'largest unit gathered, its gradient unsharded': (6 if layout.sharded else 0) * largest_unit}
+                'largest unit gathered, its gradient unsharded': (6 if layout.sharded else 0) * largest_unit,
+                'the block recomputed last': tokens * plain if checkpointed else 0}
     forward_peak, backward_peak = sum(forward.values()), sum(backward.values())
     if forward_peak >= backward_peak:
         return MemoryEstimate(forward, forward_peak, 'forward')
