@@ -13,8 +13,8 @@ def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batche
                        mean_document_tokens: int = 0) -> str:
     """The run's YAML with its data replaced by random tokens (enough for ``batches`` steps) read by its loader's
     workers, no downstream tasks, no checkpoints and no loggers. With ``mean_document_tokens``, EOS ends documents
-    of random lengths (geometric, that mean), so document masking has documents to keep apart. The tokens depend only on the arguments, so rows of a benchmark
-    train on the same data. Returns the YAML's path."""
+    of random lengths (geometric, that mean), so document masking has documents to keep apart. The tokens depend
+    only on the arguments, so rows of a benchmark train on the same data. Returns the YAML's path."""
     raw = read_yaml(yaml_path, overrides)
     apply_preset(raw)  # the vocabulary may come from the preset
     vocab = raw['model']['vocab_size']

@@ -37,10 +37,11 @@ in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``) 
 (``benchmarks/results/mixtral-auto_h200``), and with 8 layers on two H200s, FSDP2 alone and expert parallel 2
 (``benchmarks/results/ep-mixtral_h200x2``), the weights kept gathered. Not: Mixtral over two H200s resharded after
 the forward (110.3 GiB against 101.5 predicted, -8.0 %) and at 2 layers (34.8 against 31.7, -8.9 %; not explained
-yet). The counter it predicts is ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the CUDA context come on top, which the
-plan's fit margin covers (``run_plan.usable_bytes``) for dense models and Mixtral on one GPU. Not for Mixtral over two
-H200s: at 8 layers the allocator reserved all 138 GiB it could, 14-28 GiB beyond the allocated peak, and freed and
-retried its cache every one or two steps (2.4x and 1.5x slower than predicted, kept gathered and resharded).
+yet). The counter it predicts is ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the
+CUDA context come on top, which the plan's fit margin covers (``run_plan.usable_bytes``) for dense models and Mixtral
+on one GPU. Not for Mixtral over two H200s: at 8 layers the allocator reserved all 138 GiB it could, 14-28 GiB beyond
+the allocated peak, and freed and retried its cache every one or two steps (2.4x and 1.5x slower than predicted, kept
+gathered and resharded).
 """
 import math
 from dataclasses import dataclass
