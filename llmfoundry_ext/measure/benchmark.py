@@ -35,7 +35,7 @@ from composer.utils import dist
 from llmfoundry_ext import preflight
 from llmfoundry_ext.measure import REPO
 from llmfoundry_ext.measure.gpu_clocks import GpuSampler, format_clocks
-from llmfoundry_ext.measure.profiling import allocator_counts
+from llmfoundry_ext.measure.profiling import allocator_counts, reserved_by_stream
 from llmfoundry_ext.measure.synthetic import synthetic_run_yaml
 from llmfoundry_ext.clipping import GradientClipping
 from llmfoundry_ext.launch import LAUNCHER
@@ -73,7 +73,8 @@ class Row:
 class StepTimer(Callback):
     """Each step's time over the batches after ``warmup``, the peak GPU memory in that window and the caching
     allocator's cudaMalloc, cudaFree and out-of-memory retries in it (a row near the memory limit frees and retries
-    every step, each cudaFree waiting for the whole GPU: slow without a sign in its peak). It synchronises
+    every step, each cudaFree waiting for the whole GPU: slow without a sign in its peak), and at the training's end
+    what each stream's pool holds (``profiling.reserved_by_stream``: who holds the memory reserved beyond the peak). It synchronises
     at the end of every batch from the warm-up's last (so each step ends when the GPU has finished), as torchtitan's
     anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The steps one by one
     tell a row slowed by a few stalls from one slow throughout. Held-out evaluations between batches are left out
@@ -86,6 +87,7 @@ class StepTimer(Callback):
         self.evaluating = 0.0  # seconds spent in evaluations so far
         self.evaluation_start = None
         self.allocator_counts = []  # allocator_counts() at the warm-up's end and at the training's (fit_end)
+        self.pools = []  # reserved_by_stream() at the training's end
 
     def batch_end(self, state: State, logger: Logger) -> None:
         self.batches += 1
@@ -99,6 +101,7 @@ class StepTimer(Callback):
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self.allocator_counts.append(allocator_counts())
+        self.pools = reserved_by_stream()
 
     def eval_start(self, state: State, logger: Logger) -> None:
         self.evaluation_start = synchronized_time()
@@ -251,7 +254,7 @@ def measure(row: Row, yaml: str, warmup: int, steps: int, export: str | None = N
         'peak_reserved_gib': torch.cuda.max_memory_reserved() / GIB if on_gpu else None,
         'document_masking': config.data.document_masking, 'timed_steps': steps, 'losses': recorder.values(),
         'grad_norms': recorder.norms(), 'held_out': held_out.evaluations, 'tokens_per_step': config.tokens_per_step,
-        'allocator': timer.allocator(), **hf,
+        'allocator': timer.allocator(), 'reserved_by_stream': timer.pools, **hf,
     }
 
 
@@ -426,10 +429,17 @@ def format_table(results: list[dict], baseline: str | None) -> str:
 
 
 def allocator_note(row: dict) -> str:
-    """The allocator's frees and retries in the timed steps, where it made any (a steady run makes none)."""
+    """The allocator's frees and retries in the timed steps, where it made any (a steady run makes none), and then
+    the GiB each stream's pool reserved (allocated) at the end, where a side stream reserved 1 GiB or more."""
     counts = row.get('allocator') or {}
     frees, retries = counts.get('num_device_free', 0), counts.get('num_alloc_retries', 0)
-    return f'  allocator: {frees} cudaFree, {retries} retries' if frees or retries else ''
+    note = f'  allocator: {frees} cudaFree, {retries} retries' if frees or retries else ''
+    pools = row.get('reserved_by_stream') or []
+    if any(stream != 0 and reserved >= GIB for stream, reserved, _ in pools):
+        note += '  pools: ' + ', '.join(f'{"default" if stream == 0 else f"stream {stream}"} '
+                                        f'{reserved / GIB:.1f} ({allocated / GIB:.1f})'
+                                        for stream, reserved, allocated in pools if reserved >= GIB)
+    return note
 
 
 def predictions(row: dict) -> str:

@@ -286,6 +286,21 @@ def allocator_counts() -> dict[str, int]:
     return {key: stats.get(key, 0) for key in ALLOCATOR_COUNTS}
 
 
+def reserved_by_stream() -> list[tuple[int, int, int]]:
+    """The caching allocator's segments now, summed by the stream they serve: (stream, bytes reserved, bytes
+    allocated), the largest reserve first (stream 0: the default). A block freed on one stream serves that stream's
+    allocations alone, so what side streams cache (FSDP2's all-gather and reduce-scatter buffers) stays reserved
+    beside the default stream's peak. Empty without a GPU."""
+    if not torch.cuda.is_available():
+        return []
+    pools = collections.defaultdict(lambda: [0, 0])
+    for segment in torch.cuda.memory._snapshot()['segments']:
+        pools[segment['stream']][0] += segment['total_size']
+        pools[segment['stream']][1] += segment['allocated_size']
+    return sorted(((stream, reserved, allocated) for stream, (reserved, allocated) in pools.items()),
+                  key=lambda pool: -pool[1])
+
+
 class SyncReport(Callback):
     """Lists where batch ``batch`` (counted from 0 in this invocation) made the host wait for the GPU, from its
     start to the next batch's: its step, the callbacks and saver after it and the next batch's fetch. Each

@@ -75,6 +75,10 @@ def test_step_timer_counts_the_allocators_frees_and_retries_over_the_timed_steps
         'near                      ours            1,000  50.0%   1.000     130.0    138.0       -'
         '  allocator: 3 cudaFree, 2 retries')
     assert benchmark.allocator_note({**row, 'allocator': {}}) == ''  # no GPU, or none made
+    pools = [(0, 120 * 2 ** 30, 110 * 2 ** 30), (94, 17 * 2 ** 30, 0), (7, 2 ** 20, 0)]  # the last under 1 GiB: left out
+    assert benchmark.allocator_note({**row, 'reserved_by_stream': pools}) == (
+        '  allocator: 3 cudaFree, 2 retries  pools: default 120.0 (110.0), stream 94 17.0 (0.0)')
+    assert benchmark.allocator_note({'reserved_by_stream': pools[:1]}) == ''  # the default stream's alone: no note
 
 
 def test_step_timer_leaves_held_out_evaluations_out_of_the_steps(monkeypatch):

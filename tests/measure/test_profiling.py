@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llmfoundry_ext.measure.profiling import (SyncReport, categorize, category_table, compare_traces, read_trace,
-                                            top_kernels, write_timeline)
+                                            reserved_by_stream, top_kernels, write_timeline)
 from tests.conftest import FORKED, REPO
 
 
@@ -253,3 +253,14 @@ def test_line_up_ranks_shows_which_rank_waited_at_which_collective(tmp_path, cap
         'rank0           17       100.0    50.00  ncclDevKernel_SendRecv',
         'rank1            7       101.0    48.00  nvjet_gemm',
         'rank1           17       149.0     1.00  ncclDevKernel_SendRecv']
+
+
+def test_the_reserve_is_summed_by_the_stream_each_segment_serves(monkeypatch):
+    """Three segments on two streams: the default stream's two summed, the side stream's cache apart, largest first."""
+    gib = 2 ** 30
+    segments = [{'stream': 0, 'total_size': 100 * gib, 'allocated_size': 90 * gib},
+                {'stream': 94, 'total_size': 17 * gib, 'allocated_size': 0},
+                {'stream': 0, 'total_size': 10 * gib, 'allocated_size': 2 * gib}]
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, '_snapshot', lambda: {'segments': segments})
+    assert reserved_by_stream() == [(0, 110 * gib, 92 * gib), (94, 17 * gib, 0)]
