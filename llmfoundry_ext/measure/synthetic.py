@@ -21,9 +21,10 @@ def synthetic_run_yaml(yaml_path: str, overrides: list[str], folder: str, batche
     eos = min(LLAMA3_EOS, vocab - 1)
     windows = random_windows(batches * raw['global_batch_size'], raw['max_seq_len'], vocab, eos, mean_document_tokens)
     write_mds(f'{folder}/tokens', windows, {'source': 'synthetic', 'window': raw['max_seq_len']})
-    loader = {key: value for key, value in raw.get('data', {}).get('train', {}).items() if key in LOADER_KEYS}
+    data = raw.get('data', {})
+    loader = {key: value for key, value in data.get('train', {}).items() if key in LOADER_KEYS}
     raw['data'] = {'train': {'streams': {'synthetic': {'local': f'{folder}/tokens'}}, **loader},
-                   'document_masking': raw.get('data', {}).get('document_masking', False), 'eos_token_id': eos}
+                   'document_masking': data.get('document_masking', False), 'eos_token_id': eos}
     raw['checkpoint'] = {'save_folder': None, 'autoresume': False}
     raw['callbacks'] = {name: args for name, args in (raw.get('callbacks') or {}).items() if name != 'stop_after'}
     raw['loggers'] = {}

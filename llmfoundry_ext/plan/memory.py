@@ -152,6 +152,7 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
     checkpointed = 0 if setting.checkpointing == 'none' else math.ceil(layers / layout.checkpoint_every)
     plain = activation_bytes_per_token(arch, 'none', layout.sharded, setting.float8, layout.expert_parallel > 1)
     kept = activation_bytes_per_token(arch, setting.checkpointing, layout.sharded, False) if checkpointed else 0
+    recomputed_block = tokens * plain if checkpointed else 0  # one block's activations, rebuilt in the backward
     states, gradients = 12 * params // shards, 4 * params // shards
     forward = {
         'parameters and optimizer state': states,
@@ -160,13 +161,13 @@ def estimate(arch, setting: Setting, layout: Layout) -> MemoryEstimate:
         'activations': tokens * ((layers - checkpointed) * plain + checkpointed * kept + 4 * arch.dim),
         # the loss's tensors are freed before the backward recomputes its first checkpointed block
         'loss, the block recomputed first, or the first experts\' gradients': max(
-            loss_bytes(arch, tokens, layout.loss, layout.float8_output), tokens * plain if checkpointed else 0,
+            loss_bytes(arch, tokens, layout.loss, layout.float8_output), recomputed_block,
             first_expert_gradient_bytes(arch, tokens, layout)),
     }
     largest_unit = max(*units, output_params)
     backward = {'parameters and optimizer state': states, 'gradients': gradients,
                 'largest unit gathered, its gradient unsharded': (6 if layout.sharded else 0) * largest_unit,
-                'the block recomputed last': tokens * plain if checkpointed else 0}
+                'the block recomputed last': recomputed_block}
     forward_peak, backward_peak = sum(forward.values()), sum(backward.values())
     if forward_peak >= backward_peak:
         return MemoryEstimate(forward, forward_peak, 'forward')

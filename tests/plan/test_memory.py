@@ -1,7 +1,10 @@
 """The memory model: its arithmetic on a small config, and its predictions beside the peaks measured on GPUs."""
+import dataclasses
+
 import pytest
 
 from llmfoundry_ext.model.llama import PRESETS, LlamaConfig
+from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
 from llmfoundry_ext.machine import GIB
 from llmfoundry_ext.plan.memory import Layout, Setting, estimate
 from tests.plan import h200_rows
@@ -10,6 +13,11 @@ SMALL = LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vo
 # 106,816 parameters: a block 64 x (2 x 64 + 2 x 32) attention + 3 x 64 x 128 feed-forward + 2 x 64 norms = 36,992;
 # embeddings and output 256 x 64 = 16,384 each; the final norm 64. Two GPUs shard it; micro-batch 2 x 32 tokens.
 SHARDED = Layout(seq_len=32, shard_ranks=2, sharded=True)
+
+
+def mixtral(layers: int = 32):
+    """Mixtral-8x7B's width with ``layers`` of its blocks."""
+    return dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=layers)
 
 
 def test_without_checkpointing_the_peak_is_the_forward_end():
@@ -92,9 +100,7 @@ def test_the_prediction_is_within_6_percent_of_the_1b_on_one_h200(row):
 def test_experts_split_over_a_group_are_gathered_a_share_at_a_time():
     """Mixtral-8x7B's block: 8 experts of 3 x 4,096 x 14,336 (1,409,286,144 weights) beside 41,984,000 for
     attention, norms and router. Split over 4 ranks, a rank gathers 2 experts (352,321,536), its own unit."""
-    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
-
-    arch = MIXTRAL['mixtral-8x7b']
+    arch = mixtral()
     setting = Setting(micro_batch=1)
     whole, split = (estimate(arch, setting, Layout(seq_len=4096, shard_ranks=8, sharded=True, expert_parallel=degree))
                     for degree in (1, 4))
@@ -119,10 +125,7 @@ MIXTRAL_MEASURED = [(False, 52.31, 'bf16'), (True, 51.90, 'float8'), (True, 49.8
 
 @pytest.mark.parametrize('float8, measured, row', MIXTRAL_MEASURED, ids=[m[-1] for m in MIXTRAL_MEASURED])
 def test_mixtral_on_one_h200_is_predicted_within_6_percent(float8, measured, row):
-    import dataclasses
-
-    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
-    two_layers = dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=2)
+    two_layers = mixtral(2)
     predicted = estimate(two_layers, Setting(4, 'none', False, float8), Layout(4096)).peak / GIB
     assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured} measured ({row})'
 
@@ -137,10 +140,7 @@ MIXTRAL_SETTINGS = [(1, 'none', 57.41), (2, 'none', 58.73), (4, 'none', 52.31), 
 @pytest.mark.parametrize('micro, checkpointing, measured', MIXTRAL_SETTINGS,
                          ids=[f'mb{m}-{c}' for m, c, _ in MIXTRAL_SETTINGS])
 def test_mixtral_on_one_h200_at_the_plans_settings_is_predicted_within_6_percent(micro, checkpointing, measured):
-    import dataclasses
-
-    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
-    two_layers = dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=2)
+    two_layers = mixtral(2)
     layout = Layout(4096, accumulating=micro < 4)
     predicted = estimate(two_layers, Setting(micro, checkpointing, False), layout).peak / GIB
     assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured} measured'
@@ -155,10 +155,7 @@ MIXTRAL_TWO_GPUS = [(1, 124.64), (2, 120.47)]
 
 @pytest.mark.parametrize('degree, measured', MIXTRAL_TWO_GPUS, ids=['fsdp', 'expert-parallel-2'])
 def test_mixtral_on_two_h200s_is_predicted_within_6_percent(degree, measured):
-    import dataclasses
-
-    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
-    eight_layers = dataclasses.replace(MIXTRAL['mixtral-8x7b'], n_layers=8)
+    eight_layers = mixtral(8)
     layout = Layout(4096, shard_ranks=2, sharded=True, expert_parallel=degree)
     predicted = estimate(eight_layers, Setting(4, 'none', False), layout).peak / GIB
     assert abs(predicted / measured - 1) < 0.06, f'{predicted:.2f} GiB predicted, {measured} measured'
@@ -168,10 +165,9 @@ def test_the_first_expert_gemms_gradients_count_at_the_backwards_start():
     """Mixtral-8x7B's block at micro-batch 1 of 4,096 tokens, one process: the experts' down projections' gradient in
     bf16 and fp32 (6 x 8 x 4,096 x 14,336) and its input's (2 x 4,096 tokens x 2 experts x 14,336); under FSDP2
     the bf16 gradient alone; a dense model's none."""
-    from llmfoundry_ext.model.mixtral import PRESETS as MIXTRAL
     from llmfoundry_ext.plan.memory import first_expert_gradient_bytes
 
-    arch = MIXTRAL['mixtral-8x7b']
+    arch = mixtral()
     inputs = 2 * 4096 * 2 * 14336
     assert first_expert_gradient_bytes(arch, 4096, Layout(4096)) == 6 * 469_762_048 + inputs
     assert first_expert_gradient_bytes(arch, 4096, Layout(4096, 8, True, expert_parallel=4)) == (
