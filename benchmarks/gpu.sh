@@ -60,6 +60,12 @@
 #   bash benchmarks/gpu.sh float8-mixtral [LAYERS]  the GPUs present: Mixtral-8x7B width, LAYERS layers (2), 4 samples
 #                                               of 4,096 tokens a GPU on auto settings: bf16, float8 on the blocks,
 #                                               and float8 on the experts' grouped GEMMs too (model.float8_experts)
+#   bash benchmarks/gpu.sh mfu-mixtral [LAYERS]  one GPU: Mixtral-8x7B width, LAYERS layers (2), on auto settings at
+#                                               4, 8 (twice) and 16 samples of 4,096 tokens a step, transformers'
+#                                               MixtralForCausalLM at 8 (micro-batch 4): MFU as the batch amortises
+#                                               the optimizer's step over every weight of the model (issue 67)
+#   bash benchmarks/gpu.sh lanes "COMMAND-A" "COMMAND-B"  2 GPUs: this script's COMMAND-A on GPU 0 while COMMAND-B
+#                                               runs on GPU 1, e.g. "mfu-mixtral" "grid python 3e-4 ROW..."
 #   bash benchmarks/gpu.sh ep-mixtral [LAYERS]  2 GPUs: Mixtral-8x7B width, LAYERS layers (8), 4 samples of 4,096 tokens a
 #                                               GPU on auto settings: FSDP2 alone beside expert parallel 2 (CPU
 #                                               and meta builds)
@@ -128,8 +134,8 @@
 #                                               harness's HF backend in fp32 and bf16; the same wheels as downstream)
 #   bash benchmarks/gpu.sh attention            causal attention fwd+bwd by SDPA kernel, 8B heads: 8,192 tokens on one
 #                                               GPU, 131,072 on a ring of all GPUs (context parallel)
-#   bash benchmarks/gpu.sh profile-mixtral [LAYERS] [MICRO ...]  the GPUs present: Mixtral-8x7B width (LAYERS: 2), 4
-#                                               samples of 4,096 tokens a GPU, no checkpointing, each micro-batch
+#   bash benchmarks/gpu.sh profile-mixtral [LAYERS] [MICRO ...]  the GPUs present: Mixtral-8x7B width (LAYERS: 2),
+#                                               SAMPLES (4) of 4,096 tokens a GPU, no checkpointing, each micro-batch
 #                                               (1 2 4): kernel time by category (grouped GEMM, sort/index, ...),
 #                                               busy and idle, ours beside transformers' MixtralForCausalLM
 #   bash benchmarks/gpu.sh profile-long [OVERRIDES]  2 GPUs: llama8b-131k.yaml (CP 2, one sequence; its ranks 0
@@ -147,8 +153,9 @@
 #   bash benchmarks/gpu.sh long-table           2 GPUs: llama8b-131k.yaml at 8,192 and 32,768 tokens, CP 1 and 2
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  || exit 1
+[ -n "${GPU_SH_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export GPU_SH_INSTALLED=1  # a lane (lanes) installs nothing again
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 GPUS=$(nvidia-smi -L | wc -l)
@@ -549,13 +556,14 @@ case "${1:-}" in
     # checkpointing, at each micro-batch (1 2 4): ours beside transformers' MixtralForCausalLM, the same steps profiled
     layers=${2:-2}; shift $(( $# < 2 ? $# : 2 ))
     for micro in ${*:-1 2 4}; do
-      Y="yamls/mixtral8x7b.yaml global_batch_size=$((4 * GPUS)) model.n_layers=$layers device_microbatch_size=$micro $AC=none"
+      Y="yamls/mixtral8x7b.yaml global_batch_size=$((${SAMPLES:-4} * GPUS)) model.n_layers=$layers"
+      Y="$Y device_microbatch_size=$micro $AC=none"
       for model in ours hf; do
         composer -n "$GPUS" scripts/profile_run.py $Y --model $model --warmup 4 --steps 2 \
           --trace "/tmp/$model-mixtral-mb$micro.json" 2>&1 | grep -v Warning | tail -16
       done
       python3 scripts/compare_profiles.py "ours=/tmp/ours-mixtral-mb$micro.json" "hf=/tmp/hf-mixtral-mb$micro.json" \
-        --kernels 25 --gaps 8 --json "$OUT/profile-mixtral-${layers}layers-mb$micro.json"
+        --kernels 25 --gaps 8 --json "$OUT/profile-mixtral-${layers}layers-b${SAMPLES:-4}-mb$micro.json"
     done ;;
   profile-1b) profile 1B 2 yamls/llama1b.yaml none ;;
   profile-1b-ours) profile 1B 2 yamls/llama1b.yaml none ours ;;
@@ -619,6 +627,19 @@ case "${1:-}" in
       --row "bf16 $Y $A model.float8=false" --row "float8 $Y $A model.float8=true" \
       --row "float8-experts $Y $A model.float8=true model.float8_experts=true" \
       --versus float8:bf16 --versus float8-experts:bf16 ;;
+  mfu-mixtral)  # [LAYERS] one GPU: Mixtral-8x7B width, LAYERS layers (2), at 4, 8 (twice) and 16 samples of 4,096
+    # tokens a step on auto settings, and transformers' MixtralForCausalLM at 8 (micro-batch 4, no checkpointing)
+    Y="yamls/mixtral8x7b.yaml model.n_layers=${2:-2}" A="device_microbatch_size=auto $AC=auto"
+    python3 scripts/measure_speed.py --gpus 1 --warmup 3 --steps 8 --json "$OUT/mfu-mixtral.json" \
+      --row "auto-b4 $Y $A global_batch_size=4" --row "auto-b8 $Y $A global_batch_size=8" \
+      --row "hf-b8 hf:$Y global_batch_size=8 device_microbatch_size=4 $AC=none" \
+      --row "auto-b8-again $Y $A global_batch_size=8" --row "auto-b16 $Y $A global_batch_size=16" \
+      --versus auto-b8:hf-b8 2>&1 | tee "$OUT/mfu-mixtral.log" ;;
+  lanes)  # "COMMAND-A" "COMMAND-B": 2 GPUs, a lane each at once: this script's COMMAND-A on GPU 0 while COMMAND-B
+    # runs on GPU 1 (each line of their output marked [a] or [b], also in $OUT/lane-a.log and lane-b.log)
+    CUDA_VISIBLE_DEVICES=0 LANE=-a bash "$0" $2 2>&1 | tee "$OUT/lane-a.log" | sed 's/^/[a] /' &
+    CUDA_VISIBLE_DEVICES=1 LANE=-b bash "$0" $3 2>&1 | tee "$OUT/lane-b.log" | sed 's/^/[b] /' &
+    wait ;;
   ep-mixtral)  # [LAYERS] 2 GPUs: Mixtral-8x7B width with LAYERS layers (default 8), 4 samples of 4,096 tokens a GPU on
     # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on meta as auto
     # does, then on each rank's CPU as it does to load init_from: model.init_device=cpu)
