@@ -11,7 +11,8 @@ feed-forward width a token runs through, V the vocabulary):
   fp8 weights saved), but a mixture of experts' experts, whose grouped GEMMs stay bf16.
 - **activations** a block, bytes a token, what the backward keeps: none: the residual stream in and after
   attention (fp32 under autocast on one GPU, bf16 under FSDP2), both norms' outputs, q, k, v, the attention output
-  and its log-sum-exp, SwiGLU's gate, up and product: R + 2 (4d + 2kv + 3f) + 4 heads; selective (torchtitan's
+  and its log-sum-exp, SwiGLU's gate, up and product: R + 2 (4d + 2kv + 3f) + 4 heads, and a mixture of experts'
+  routed copies, the experts' input rows and their output rows before the routing weights (4 k d); selective (torchtitan's
   op policy: every other matmul kept) the block input, q, v, the attention output, gate and down: R/2 + 2 (3d + kv +
   f); full: the block input R/2; full_except_attention: R/2 + 2d; float8 without checkpointing keeps the linears'
   inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``; a mixture of experts 2d, the attention's
@@ -33,11 +34,12 @@ The peak is the larger of the forward's end (the backward's start) and the backw
 peaks measured (``tests/plan/test_memory.py``): those recorded in ``benchmarks/results`` (1B on one H100, 8B on two
 H200s, every checkpointing mode, float8, reshard on and off; two of them fitted the float8 saving) and the 1B on one
 H200 at eight settings (``benchmarks/results/plan``; docs/planning.md), Mixtral's width with 2 layers on one H200
-in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``) and at six settings
-(``benchmarks/results/mixtral-auto_h200``), and with 8 layers on two H200s, FSDP2 alone and expert parallel 2
-(``benchmarks/results/ep-mixtral_h200x2``), the weights kept gathered. Not: Mixtral over two H200s resharded after
-the forward (110.3 GiB against 101.5 predicted, -8.0 %) and at 2 layers (34.8 against 31.7, -8.9 %; not explained
-yet). The counter it predicts is ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the
+in bf16, float8 and float8 experts (``benchmarks/results/mixtral-float8_h200``), at six settings
+(``benchmarks/results/mixtral-auto_h200``) and at 8 and 16 samples a micro-batch
+(``benchmarks/results/mixtral-mfu_h200x2``), and with 8 layers on two H200s, FSDP2 alone and expert parallel 2 with
+the weights kept gathered, and FSDP2 resharded after the forward (``benchmarks/results/ep-mixtral_h200x2``). Not:
+Mixtral with 2 layers over two H200s (34.8 GiB in the shipped test, 31.7 predicted, -8.9 %; not explained yet). The
+counter it predicts is ``torch.cuda.max_memory_allocated``; the allocator (expandable segments) and the
 CUDA context come on top, which the plan's fit margin covers (``run_plan.usable_bytes``) for dense models and Mixtral
 on one GPU. Not for Mixtral over two H200s: at 8 layers the allocator reserved all 138 GiB it could, 14-28 GiB beyond
 the allocated peak, and freed and retried its cache every one or two steps (2.4x and 1.5x slower than predicted, kept
@@ -99,7 +101,8 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool, eag
     residual = (4 if sharded else 8) * d  # the block's input and the residual after attention
     log_sum_exp = 4 * arch.n_heads
     if mode == 'none':
-        kept = residual + 2 * (4 * d + 2 * kv + (4 if eager_experts else 3) * f) + log_sum_exp
+        routed_copies = 4 * arch.experts_per_token * d if expert_params(arch) else 0
+        kept = residual + 2 * (4 * d + 2 * kv + (4 if eager_experts else 3) * f) + routed_copies + log_sum_exp
         saving = FLOAT8_ACTIVATION_SAVING['sharded' if sharded else 'one GPU']
         float8_inputs = 2 * d if expert_params(arch) else 3 * d + f
         return kept - (int(saving * float8_inputs) if float8 else 0)
