@@ -26,6 +26,7 @@ from llmfoundry_ext.launch import LAUNCHER
 from llmfoundry_ext.resumption import CHECKPOINT_NAME, seal_path
 
 BATCHES, SAVE_EVERY, RANKS, KEEP = 24, 3, 2, 2  # KEEP: save_num_checkpoints_to_keep
+STALL_TIMEOUT_S = 600  # how long a trial waits for a run to reach a batch or a write before calling it stalled
 SLOW_WRITES = '''
 import os, sys, time
 _delay = float(os.environ.get('CHAOS_WRITE_DELAY', '0'))
@@ -148,13 +149,26 @@ def wait_for_a_kill_point(runner: Runner, name: str, running: subprocess.Popen, 
     """Until the run ``running`` reaches a random kill point: inside the write of a checkpoint, or a batch recorded;
     the checkpoint being written then ('' if none). ``log``: where to look when it ends or stalls before."""
     target = rng.randrange(SAVE_EVERY, BATCHES, SAVE_EVERY) if inside_write else rng.randrange(2, BATCHES)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and running.poll() is None:
+
+    def reached() -> tuple[bool, str]:
         in_progress = writing(runner.checkpoints(name))
-        if (in_progress == f'ep0-ba{target}') if inside_write else last_recorded(runner, name) >= target:
-            return in_progress
+        return (in_progress == f'ep0-ba{target}' if inside_write else last_recorded(runner, name) >= target,
+                in_progress)
+
+    return wait_until(reached, running, f'{name}: the run ended or stalled before its kill point; see {log}')
+
+
+def wait_until(check, running: subprocess.Popen, failure: str, timeout_s: float = STALL_TIMEOUT_S):
+    """Poll ``check()`` (whether it is done, and a value) until done; that value. A RuntimeError saying ``failure``
+    if ``running`` ends or ``timeout_s`` passes first (a stalled run fails its trial, not pytest's timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, value = check()
+        if done:
+            return value
+        if running.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(failure)
         time.sleep(0.01)
-    raise RuntimeError(f'{name}: the run ended or stalled before its kill point; see {log}')
 
 
 def last_recorded(runner: Runner, name: str) -> int:

@@ -18,11 +18,11 @@ import signal
 import time
 from dataclasses import dataclass
 
-from llmfoundry_ext.measure.chaos import BATCHES, last_recorded, resumption
+from llmfoundry_ext.measure.chaos import BATCHES, last_recorded, resumption, wait_until
 from llmfoundry_ext.measure.elastic_chaos import (PER_NODE, ElasticRunner, elastic_yaml, global_samples,
                                                   uninterrupted, wait_for_the_rendezvous)
 
-JOIN_TIMEOUT_S = 15  # the ends' rendezvous: how long a restarted agent waits for the job's minimum of nodes
+ENDS_JOIN_TIMEOUT_S = 15  # the ends' rendezvous: how long a restarted agent waits for the job's minimum of nodes
 
 
 @dataclass
@@ -62,11 +62,8 @@ class Edges:
     def until_batch(self, name: str, process, low: int = 2, high: int = BATCHES - 8) -> int:
         """Until rank 0 has recorded a random batch in [low, high]; that batch."""
         target = self.rng.randint(low, high)
-        while last_recorded(self.runner, name) < target:
-            if process.poll() is not None:
-                raise RuntimeError(f'{name} ended before batch {target}; see {self.runner.folder}/{name}-node0.log')
-            time.sleep(0.01)
-        return target
+        return wait_until(lambda: (last_recorded(self.runner, name) >= target, target), process,
+                          f'{name} ended or stalled before batch {target}; see {self.runner.folder}/{name}-node0.log')
 
     def after(self, name: str, batch: int, ranks: int) -> tuple[bool, int]:
         """From ``ranks`` ranks' ledgers: whether every batch after ``batch`` over them is the uninterrupted run's,
@@ -92,7 +89,7 @@ class Edges:
             ) -> Edge:
         """Nodes 0 and 1 lose the nodes ``lose`` (kill -9) at a random batch, and with ``then_a_worker`` a worker of
         node 0 once it trains again; the nodes left end; then the re-submission."""
-        launch = dict(nnodes=nnodes, max_restarts=max_restarts, join_timeout=JOIN_TIMEOUT_S)
+        launch = dict(nnodes=nnodes, max_restarts=max_restarts, join_timeout=ENDS_JOIN_TIMEOUT_S)
         nodes = self.start(name, range(2), port := self.port(), **launch)
         batch = self.until_batch(name, nodes[0][0], 5)  # past the first checkpoint (batch 3)
         for node in lose:

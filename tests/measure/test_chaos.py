@@ -7,12 +7,13 @@ rank's samples and losses those of the uninterrupted run."""
 import os
 import random
 import shutil
+import subprocess
 
 import pytest
 
 from llmfoundry_ext.callbacks.sample_ledger import read_ledger
 from llmfoundry_ext.measure.chaos import (BATCHES, SAVE_EVERY, Runner, identical, keep_checkpoints_up_to, kill,
-                                          resumption, run_yaml, write_streams)
+                                          resumption, run_yaml, wait_until, write_streams)
 from llmfoundry_ext.resumption import SEAL
 from llmfoundry_ext.train import main
 from tests.conftest import train_runs
@@ -85,3 +86,18 @@ def check_resumed_on_two_processes_from_one(runner: Runner, log: str, batch: int
             [expected[rank][b]['loss'] for b in after], rel=1e-5, abs=0)
     checkpoints = os.path.join(runner.checkpoints('back'), f'ep0-ba{BATCHES}')
     assert sorted(os.listdir(checkpoints)) == [SEAL, '.metadata', '__0_0.distcp', '__1_0.distcp']
+
+
+def test_waiting_on_a_run_returns_when_done_and_fails_when_it_ends_or_stalls():
+    """A trial waits on its run's progress: the check's value once done; the failure's line when the run has ended
+    or the time is up first (a stalled run no longer waits for pytest's timeout)."""
+    calls = iter([(False, 'a'), (False, 'b'), (True, 'ep0-ba6')])
+    with subprocess.Popen(['sleep', '30']) as alive:
+        assert wait_until(lambda: next(calls), alive, 'never') == 'ep0-ba6'
+        with pytest.raises(RuntimeError, match=r'^run stalled$'):
+            wait_until(lambda: (False, None), alive, 'run stalled', timeout_s=0.05)
+        alive.kill()
+    ended = subprocess.Popen(['true'])
+    ended.wait()
+    with pytest.raises(RuntimeError, match=r'^run ended before batch 5$'):
+        wait_until(lambda: (False, None), ended, 'run ended before batch 5')
