@@ -153,6 +153,7 @@
 #   bash benchmarks/gpu.sh long-table           2 GPUs: llama8b-131k.yaml at 8,192 and 32,768 tokens, CP 1 and 2
 set -uo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=${GPU_SH_SECONDS:-0}  # a lane (lanes) keeps its call's clock: STOP_BY counts from the call's start
 [ -n "${GPU_SH_INSTALLED:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl || exit 1
 export GPU_SH_INSTALLED=1  # a lane (lanes) installs nothing again
@@ -437,6 +438,13 @@ grid_group() {  # corpus lr roots suffix megabytes steps rows...: rows from the 
     learning "${GRID_SEED:-1}" "$@"
 }
 
+lanes() {  # "command-a" "command-b": 2 GPUs, a lane each at once: this script's command-a on GPU 0 while command-b
+  # runs on GPU 1 (each line of their output marked [a] or [b], also in $OUT/lane-a.log and lane-b.log)
+  GPU_SH_SECONDS=$SECONDS CUDA_VISIBLE_DEVICES=0 LANE=-a bash "$0" $1 2>&1 | tee "$OUT/lane-a.log" | sed 's/^/[a] /' &
+  GPU_SH_SECONDS=$SECONDS CUDA_VISIBLE_DEVICES=1 LANE=-b bash "$0" $2 2>&1 | tee "$OUT/lane-b.log" | sed 's/^/[b] /' &
+  wait
+}
+
 learning_split() {  # seeds row-a row-b: row-a's runs on GPU 0 while row-b's run on GPU 1 (each its own corpus from
   # the same files, every seed's weights drawn alike on the CPU), then one report of both, row-a versus row-b
   local seeds=$1 a=$2 b=$3
@@ -635,11 +643,7 @@ case "${1:-}" in
       --row "hf-b8 hf:$Y global_batch_size=8 device_microbatch_size=4 $AC=none" \
       --row "auto-b8-again $Y $A global_batch_size=8" --row "auto-b16 $Y $A global_batch_size=16" \
       --versus auto-b8:hf-b8 2>&1 | tee "$OUT/mfu-mixtral.log" ;;
-  lanes)  # "COMMAND-A" "COMMAND-B": 2 GPUs, a lane each at once: this script's COMMAND-A on GPU 0 while COMMAND-B
-    # runs on GPU 1 (each line of their output marked [a] or [b], also in $OUT/lane-a.log and lane-b.log)
-    CUDA_VISIBLE_DEVICES=0 LANE=-a bash "$0" $2 2>&1 | tee "$OUT/lane-a.log" | sed 's/^/[a] /' &
-    CUDA_VISIBLE_DEVICES=1 LANE=-b bash "$0" $3 2>&1 | tee "$OUT/lane-b.log" | sed 's/^/[b] /' &
-    wait ;;
+  lanes) lanes "$2" "$3" ;;
   ep-mixtral)  # [LAYERS] 2 GPUs: Mixtral-8x7B width with LAYERS layers (default 8), 4 samples of 4,096 tokens a GPU on
     # auto settings: FSDP2 alone beside the experts split over both GPUs (expert parallel 2, built on meta as auto
     # does, then on each rank's CPU as it does to load init_from: model.init_device=cpu)
@@ -652,11 +656,7 @@ case "${1:-}" in
   bench) shift; python3 scripts/measure_speed.py --gpus "$GPUS" "$@" ;;
   learning) shift; learning "$@" ;;
   grid) shift; grid "$@" ;;
-  grid-lanes)  # CORPUS LR ROW-A ROW-B: 2 GPUs, a lane each at once: ROW-A's grid on GPU 0, ROW-B's on GPU 1 (each its
-    # own copy of the corpus; the weights drawn alike), a JSON each as grid's
-    CUDA_VISIBLE_DEVICES=0 LANE=-a grid "$2" "$3" "$4" 2>&1 | sed 's/^/[a] /' &
-    CUDA_VISIBLE_DEVICES=1 LANE=-b grid "$2" "$3" "$5" 2>&1 | sed 's/^/[b] /' &
-    wait ;;
+  grid-lanes) lanes "grid $2 $3 $4" "grid $2 $3 $5" ;;  # CORPUS LR ROW-A ROW-B: grid's cell, a row a GPU at once
   grid-speed)  # [ROW ...]: the grid's rows' tokens/s in one call (random tokens at the grid's 4 x 8,192, 5 warm-up and
     # 30 timed steps; default: the shipped tied rows and torchtitan's): one machine's speeds for --decide --speeds
     shift

@@ -76,9 +76,9 @@ class StepTimer(Callback):
     every step, each cudaFree waiting for the whole GPU: slow without a sign in its peak), and at the training's end
     what each stream's pool holds (``profiling.reserved_by_stream``: who holds the memory reserved beyond the peak).
     It synchronises at the end of every batch from the warm-up's last (so each step ends when the GPU has finished),
-    as torchtitan's anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The steps one by one
-    tell a row slowed by a few stalls from one slow throughout. Held-out evaluations between batches are left out
-    of the time, as torchtitan's tokens/s leaves its validation out."""
+    as torchtitan's anchor reads its loss back every step (``log_freq = 1``): both rows pay a host sync a step. The
+    steps one by one tell a row slowed by a few stalls from one slow throughout. Held-out evaluations between
+    batches are left out of the time, as torchtitan's tokens/s leaves its validation out."""
 
     def __init__(self, warmup: int):
         self.warmup = warmup

@@ -289,8 +289,8 @@ def allocator_counts() -> dict[str, int]:
 def reserved_by_stream() -> list[tuple[int, int, int]]:
     """The caching allocator's segments now, summed by the stream they serve: (stream, bytes reserved, bytes
     allocated), the largest reserve first (stream 0: the default). A block freed on one stream serves that stream's
-    allocations alone, so what side streams cache (FSDP2's all-gather and reduce-scatter buffers) stays reserved
-    beside the default stream's peak. Empty without a GPU."""
+    allocations alone, so what side streams cache stays reserved beside the default stream's peak (FSDP2
+    reduce-scatters on its own stream: a sharded run's fp32 gradients sit in that pool). Empty without a GPU."""
     if not torch.cuda.is_available():
         return []
     pools = collections.defaultdict(lambda: [0, 0])

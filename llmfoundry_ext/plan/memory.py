@@ -12,8 +12,8 @@ feed-forward width a token runs through, V the vocabulary):
 - **activations** a block, bytes a token, what the backward keeps: none: the residual stream in and after
   attention (fp32 under autocast on one GPU, bf16 under FSDP2), both norms' outputs, q, k, v, the attention output
   and its log-sum-exp, SwiGLU's gate, up and product: R + 2 (4d + 2kv + 3f) + 4 heads, and a mixture of experts'
-  routed copies, the experts' input rows and their output rows before the routing weights (4 k d); selective (torchtitan's
-  op policy: every other matmul kept) the block input, q, v, the attention output, gate and down: R/2 + 2 (3d + kv +
+  routed copies, the experts' input rows and their output rows before the routing weights (4 k d); selective
+  (torchtitan's op policy: every other matmul kept) the block input, q, v, the attention output, gate and down: R/2 + 2 (3d + kv +
   f); full: the block input R/2; full_except_attention: R/2 + 2d; float8 without checkpointing keeps the linears'
   inputs in fp8, 0.85 to 1.7 (3d + f) less (``FLOAT8_ACTIVATION_SAVING``; a mixture of experts 2d, the attention's
   alone: its grouped GEMMs keep their inputs in bf16, torchao's float8 ones too).
@@ -101,10 +101,11 @@ def activation_bytes_per_token(arch, mode: str, sharded: bool, float8: bool, eag
     residual = (4 if sharded else 8) * d  # the block's input and the residual after attention
     log_sum_exp = 4 * arch.n_heads
     if mode == 'none':
-        routed_copies = 4 * arch.experts_per_token * d if expert_params(arch) else 0
+        experts = expert_params(arch) > 0
+        routed_copies = 4 * arch.experts_per_token * d if experts else 0
         kept = residual + 2 * (4 * d + 2 * kv + (4 if eager_experts else 3) * f) + routed_copies + log_sum_exp
         saving = FLOAT8_ACTIVATION_SAVING['sharded' if sharded else 'one GPU']
-        float8_inputs = 2 * d if expert_params(arch) else 3 * d + f
+        float8_inputs = 2 * d if experts else 3 * d + f
         return kept - (int(saving * float8_inputs) if float8 else 0)
     if mode == 'selective':
         return residual // 2 + 2 * (3 * d + kv + f) + log_sum_exp
